@@ -1,0 +1,213 @@
+// oallama native layer: what the Python package needs from ggml / llama.cpp beyond the
+// ctypes bindings of llama-cpp-python. Everything here operates on the same loaded
+// libllama / libggml as llama-cpp-python (one copy per process, see python/oallama/_libs.py).
+//
+// Device names. oallama names a device by ggml's device name ("CPU", "CUDA0"), except RPC
+// devices, whose ggml names ("RPC0", "RPC1") depend on registration order; they are named by
+// endpoint instead: "RPC[127.0.0.1:50052]" (the server's first device), "RPC[host:port]#1", ...
+//
+// Usage:
+//
+//     // make a running rpc-server a device of this process
+//     std::vector<std::string> names = oallama_rpc_add_server("127.0.0.1:50052");
+//     ggml_backend_dev_t dev = oallama_device_by_name(names[0]);   // throws std::runtime_error
+//
+//     // after llama-cpp-python loaded a model: where did each weight go?
+//     for (const oallama_tensor_info & t : oallama_model_get_tensors(model)) {
+//         printf("%s %s -> %s (%s)\n", t.name.c_str(), ggml_type_name(t.type), t.device.c_str(),
+//                t.buffer_type.c_str());
+//     }
+//
+//     // llama.cpp's own per-tensor type choice for a file type (e.g. Q4_K_M)
+//     oallama_quant_model_desc desc = { "llama", 4096, 14336, 32, 32, 8, 0, 128, 128 };
+//     std::vector<int> types = oallama_quant_compute_types(desc, names, shapes, LLAMA_FTYPE_MOSTLY_Q4_K_M);
+
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "llama.h"
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+//
+// devices (devices.cpp)
+//
+
+enum oallama_device_kind {
+    OALLAMA_DEVICE_KIND_CPU,
+    OALLAMA_DEVICE_KIND_GPU,
+    OALLAMA_DEVICE_KIND_IGPU,
+    OALLAMA_DEVICE_KIND_ACCEL,
+    OALLAMA_DEVICE_KIND_RPC,
+    OALLAMA_DEVICE_KIND_OTHER,
+};
+
+struct oallama_device_info {
+    std::string          name;         // oallama name (see above)
+    std::string          ggml_name;    // ggml_backend_dev_name
+    std::string          description;
+    std::string          backend;      // registry name: "CPU", "CUDA", "RPC"
+    oallama_device_kind  kind;
+    std::string          buffer_type;  // name of the device's default buffer type
+    size_t               memory_free;  // bytes; 0 when not queried
+    size_t               memory_total; // bytes; 0 when not queried
+};
+
+// All devices ggml knows in this process. RPC devices are only asked for their memory when
+// query_rpc_memory is set (that is a round trip to the server).
+std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory);
+
+// oallama name of a device (see the header comment).
+std::string oallama_device_get_name(ggml_backend_dev_t dev);
+
+// Device by oallama name or by ggml name; throws std::runtime_error listing the known devices.
+ggml_backend_dev_t oallama_device_by_name(const std::string & name);
+
+// Register a running rpc-server ("host:port") with ggml, once per endpoint; returns the oallama
+// names of its devices. The caller must have checked that the endpoint accepts connections:
+// ggml-rpc aborts the process on a refused connection.
+std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint);
+
+//
+// model (model.cpp)
+//
+
+struct oallama_tensor_info {
+    std::string            name;
+    ggml_type              type;
+    std::array<int64_t, 4> ne;           // elements per dimension
+    size_t                 nbytes;       // bytes
+    std::string            buffer_type;  // e.g. "CPU", "CPU_REPACK", "RPC0[127.0.0.1:50052]", "CUDA0"
+    std::string            device;       // oallama device name of that buffer type ("" if none)
+    bool                   is_host;      // buffer lives in host memory
+};
+
+// Every weight tensor of a loaded model, in llama.cpp's order, as the model holds it now.
+std::vector<oallama_tensor_info> oallama_model_get_tensors(const llama_model * model);
+
+// Whether this llama.cpp build knows a GGUF general.architecture (e.g. "llama", "qwen2").
+bool oallama_arch_is_supported(const std::string & arch);
+
+//
+// graphs and the scheduler (graph.cpp)
+//
+
+// A metadata-only model (no weight is read: llama.cpp gives weights dummy buffers) and a context,
+// so that the graph llama.cpp builds, and ggml's scheduling of it, can be read for any model size.
+struct oallama_session_params {
+    std::string path;
+    bool        use_devices = false;            // false: llama.cpp's default device selection
+    std::vector<std::string> devices;           // accelerators (oallama names) when use_devices
+    std::vector<std::pair<std::string, std::string>> overrides;  // (regex, device name)
+    int32_t     n_gpu_layers = 0;
+    uint32_t    n_ctx = 4096;
+    uint32_t    n_batch = 512;
+    uint32_t    n_ubatch = 512;
+    int32_t     n_threads = 4;
+    bool        flash_attn = false;
+    bool        op_offload = true;
+    bool        verbose = false;
+};
+
+struct oallama_session;
+
+oallama_session * oallama_session_init(const oallama_session_params & params);  // throws
+void              oallama_session_free(oallama_session * session);
+llama_context   * oallama_session_get_context(oallama_session * session);
+
+constexpr int OALLAMA_NO_TENSOR = INT32_MIN;  // "no tensor" in graph indices
+
+struct oallama_graph_tensor {
+    std::string            name;
+    std::string            op;           // ggml_op_desc: "MUL_MAT", "RMS_NORM", "SILU", ...
+    ggml_type              type;
+    std::array<int64_t, 4> ne;
+    size_t                 nbytes;       // bytes
+    std::vector<int>       srcs;         // node index i >= 0, or leaf -1-j
+    int                    view_src = OALLAMA_NO_TENSOR;  // tensor whose memory this one views (index as srcs)
+    std::string            weight;       // name of the first model weight among srcs ("" if none)
+    int                    weight_slot = -1;
+    std::string            backend;      // device the scheduler runs this node on (nodes only)
+    std::string            pinned;       // device of the buffer the tensor already lives in ("" if none)
+    bool                   host_buffer = false;  // that buffer is plain host memory (not e.g. CPU_REPACK)
+    std::vector<std::string> supported_on;  // scheduler backends whose supports_op() accepts the node
+    bool                   caller_pinned = false;  // llama.cpp pinned it to `backend` while building the graph (patch 0002)
+    bool                   is_view;      // VIEW/RESHAPE/PERMUTE/TRANSPOSE: no compute, skipped by the scheduler's spreading
+    bool                   is_input;
+    bool                   is_output;
+};
+
+struct oallama_graph {
+    std::vector<std::string>          backends;  // scheduler backends by priority, the CPU last
+    std::vector<oallama_graph_tensor> nodes;     // in execution order
+    std::vector<oallama_graph_tensor> leafs;     // tensors read but not computed (weights, inputs, KV)
+    int n_splits;
+    int n_copies;
+};
+
+// The graph of one ubatch of n_tokens (n_outputs of them produce logits), split by the context's
+// scheduler without allocating anything. Invalidates the context's previous graph (the next
+// decode rebuilds its own).
+oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens, uint32_t n_outputs);
+
+// llama.cpp's memory breakdown of a context, per buffer type (bytes).
+struct oallama_memory_use {
+    std::string buffer_type;
+    std::string device;
+    size_t      model;    // weights
+    size_t      context;  // KV cache and other context state
+    size_t      compute;  // compute buffers
+};
+std::vector<oallama_memory_use> oallama_context_memory(llama_context * ctx);
+
+// Per-weight op offload thresholds (patch 0001): weight name -> min batch (< 0 removes).
+void oallama_context_set_offload_policy(llama_context * ctx, const std::map<std::string, int64_t> & min_batch);
+std::map<std::string, int64_t> oallama_context_get_offload_policy(llama_context * ctx);
+
+//
+// profiling (profile.cpp)
+//
+
+struct oallama_timing {
+    std::vector<double> samples_us;   // us, one per repeat, after warm-up
+    std::string         buffer_type;  // where the measured tensor lived
+};
+
+// MUL_MAT of a weight [k, m] of `wtype` (in the buffer type a real load would pick; CPU: the
+// repacked layouts when use_extra_bufts) by an f32 activation [k, n], for each n in ns.
+std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
+                                                    const std::vector<int64_t> & ns, int n_threads, int warmup,
+                                                    int repeats, bool use_extra_bufts);
+// Copying `bytes` between host memory and the device (host_to_device or back), synchronised.
+oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
+// The fixed cost of running one tiny graph on the device and waiting for it.
+oallama_timing oallama_profile_launch(const std::string & device, int n_threads, int warmup, int repeats);
+
+//
+// quantization type mix (quant.cpp)
+//
+
+struct oallama_quant_model_desc {
+    std::string architecture;  // GGUF general.architecture, e.g. "llama", "qwen2", "minicpm3"
+    uint32_t    n_embd;
+    uint32_t    n_ff;
+    uint32_t    n_layer;
+    uint32_t    n_head;
+    uint32_t    n_head_kv;
+    uint32_t    n_expert;
+    uint32_t    n_embd_head_k;
+    uint32_t    n_embd_head_v;
+};
+
+// For each named tensor (shape in ggml order, ne[0] first) the ggml_type llama-quantize would
+// give it for `ftype`, or -1 where llama.cpp keeps the source type (norms, biases, 1-d).
+std::vector<int> oallama_quant_compute_types(const oallama_quant_model_desc & desc,
+                                             const std::vector<std::string> & names,
+                                             const std::vector<std::vector<int64_t>> & shapes,
+                                             llama_ftype ftype);

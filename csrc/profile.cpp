@@ -1,0 +1,245 @@
+// Op and transfer timing on one device, as one-op ggml graphs on that device's backend.
+// See oallama.h.
+
+#include "oallama.h"
+
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+
+namespace {
+struct ctx_deleter     { void operator()(ggml_context * c) const { ggml_free(c); } };
+struct backend_deleter { void operator()(ggml_backend * b) const { ggml_backend_free(b); } };
+struct buffer_deleter  { void operator()(ggml_backend_buffer * b) const { ggml_backend_buffer_free(b); } };
+using ctx_ptr     = std::unique_ptr<ggml_context, ctx_deleter>;
+using backend_ptr = std::unique_ptr<ggml_backend, backend_deleter>;
+using buffer_ptr  = std::unique_ptr<ggml_backend_buffer, buffer_deleter>;
+}
+
+static ctx_ptr new_ctx(size_t n_tensors) {
+    ggml_init_params ip = { n_tensors * ggml_tensor_overhead() + ggml_graph_overhead() + 1024, nullptr, true };
+    ctx_ptr ctx(ggml_init(ip));
+    if (!ctx) {
+        throw std::runtime_error("profile: could not create a ggml context");
+    }
+    return ctx;
+}
+
+static backend_ptr init_backend(ggml_backend_dev_t dev, int n_threads) {
+    backend_ptr be(ggml_backend_dev_init(dev, nullptr));
+    if (!be) {
+        throw std::runtime_error("profile: could not initialise a backend for " + oallama_device_get_name(dev));
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto set_threads = reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
+                           : nullptr;
+    if (set_threads && n_threads > 0) {
+        set_threads(be.get(), n_threads);
+    }
+    return be;
+}
+
+// The buffer type llama.cpp's loader would give this weight on `dev`: the first of the device's
+// extra buffer types (CPU: repacked layouts) that supports the op, else the default one.
+static ggml_backend_buffer_type_t weight_buffer_type(ggml_backend_dev_t dev, ggml_tensor * w, bool use_extra_bufts) {
+    if (use_extra_bufts) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        auto get_extra = reg ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts")
+                             : nullptr;
+        if (get_extra) {
+            for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
+                ctx_ptr ctx = new_ctx(4);
+                ggml_tensor * x  = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, w->ne[0], 512);
+                ggml_tensor * op = ggml_mul_mat(ctx.get(), w, x);
+                buffer_ptr dummy(ggml_backend_buft_alloc_buffer(*b, 0));
+                ggml_backend_buffer_t saved = w->buffer;
+                w->buffer = dummy.get();
+                const bool ok = ggml_backend_dev_supports_op(dev, op);
+                w->buffer = saved;
+                if (ok) {
+                    return *b;
+                }
+            }
+        }
+    }
+    return ggml_backend_dev_buffer_type(dev);
+}
+
+// Random weights of a realistic scale: a block of rows quantized by ggml and repeated.
+static std::vector<uint8_t> weight_bytes(ggml_type type, int64_t k, int64_t m, uint32_t seed) {
+    const int64_t block_rows = std::min<int64_t>(m, 32);
+    std::vector<float> rows(block_rows * k);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt((float) k));
+    for (float & v : rows) {
+        v = dist(rng);
+    }
+    const size_t row_size = ggml_row_size(type, k);
+    std::vector<uint8_t> block(row_size * block_rows);
+    if (type == GGML_TYPE_F32) {
+        std::memcpy(block.data(), rows.data(), block.size());
+    } else if (type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(rows.data(), (ggml_fp16_t *) block.data(), rows.size());
+    } else if (type == GGML_TYPE_BF16) {
+        ggml_fp32_to_bf16_row(rows.data(), (ggml_bf16_t *) block.data(), rows.size());
+    } else {
+        if (ggml_quantize_requires_imatrix(type)) {
+            throw std::runtime_error(std::string("profile: cannot make weights of type ") + ggml_type_name(type));
+        }
+        ggml_quantize_chunk(type, rows.data(), block.data(), 0, block_rows, k, nullptr);
+    }
+    std::vector<uint8_t> out(row_size * m);
+    for (int64_t r = 0; r < m; r += block_rows) {
+        const int64_t n = std::min(block_rows, m - r);
+        std::memcpy(out.data() + r * row_size, block.data(), n * row_size);
+    }
+    return out;
+}
+
+static std::vector<double> time_graph(ggml_backend_t be, ggml_cgraph * gf, int warmup, int repeats, const std::string & what) {
+    for (int i = 0; i < warmup; ++i) {
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
+        }
+    }
+    std::vector<double> samples;
+    for (int i = 0; i < repeats; ++i) {
+        ggml_backend_synchronize(be);
+        const int64_t t0 = ggml_time_us();
+        const ggml_status st = ggml_backend_graph_compute(be, gf);
+        ggml_backend_synchronize(be);
+        const int64_t t1 = ggml_time_us();
+        if (st != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
+        }
+        samples.push_back(double(t1 - t0));
+    }
+    return samples;
+}
+
+std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
+                                                    const std::vector<int64_t> & ns, int n_threads, int warmup,
+                                                    int repeats, bool use_extra_bufts) {
+    ggml_time_init();
+    ggml_backend_dev_t dev = oallama_device_by_name(device);
+    backend_ptr be = init_backend(dev, n_threads);
+    const std::string what = std::string("MUL_MAT ") + ggml_type_name(wtype) + " [" + std::to_string(k) + ", " +
+                             std::to_string(m) + "]";
+    if (k % ggml_blck_size(wtype) != 0) {
+        throw std::runtime_error("profile: " + what + ": row length is not a multiple of the type's block");
+    }
+
+    // the weight, allocated once in the buffer type a real load would use
+    ctx_ptr wctx = new_ctx(1);
+    ggml_tensor * w = ggml_new_tensor_2d(wctx.get(), wtype, k, m);
+    ggml_backend_buffer_type_t buft = weight_buffer_type(dev, w, use_extra_bufts);
+    buffer_ptr wbuf(ggml_backend_alloc_ctx_tensors_from_buft(wctx.get(), buft));
+    if (!wbuf) {
+        throw std::runtime_error("profile: could not allocate " + what + " on " + device);
+    }
+    ggml_backend_buffer_set_usage(wbuf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    {
+        std::vector<uint8_t> data = weight_bytes(wtype, k, m, 1234);
+        ggml_backend_tensor_set(w, data.data(), 0, data.size());
+    }
+
+    std::vector<oallama_timing> out;
+    for (int64_t n : ns) {
+        ctx_ptr ctx = new_ctx(4);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, k, n);
+        ggml_tensor * y = ggml_mul_mat(ctx.get(), w, x);
+        if (!ggml_backend_supports_op(be.get(), y)) {
+            throw std::runtime_error("profile: " + device + " does not support " + what);
+        }
+        ggml_cgraph * gf = ggml_new_graph(ctx.get());
+        ggml_build_forward_expand(gf, y);
+        buffer_ptr abuf(ggml_backend_alloc_ctx_tensors(ctx.get(), be.get()));
+        if (!abuf) {
+            throw std::runtime_error("profile: could not allocate activations for " + what + " on " + device);
+        }
+        std::vector<float> xs(k * n);
+        std::mt19937 rng(42);
+        std::normal_distribution<float> dist(0.0f, 1.0f);
+        for (float & v : xs) {
+            v = dist(rng);
+        }
+        ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+        oallama_timing t;
+        t.samples_us  = time_graph(be.get(), gf, warmup, repeats, what);
+        t.buffer_type = ggml_backend_buft_name(buft);
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
+    ggml_time_init();
+    ggml_backend_dev_t dev = oallama_device_by_name(device);
+    backend_ptr be = init_backend(dev, 1);
+    ctx_ptr ctx = new_ctx(1);
+    ggml_tensor * t = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I8, (int64_t) std::max<size_t>(bytes, 1));
+    buffer_ptr buf(ggml_backend_alloc_ctx_tensors(ctx.get(), be.get()));
+    if (!buf) {
+        throw std::runtime_error("profile: could not allocate " + std::to_string(bytes) + " bytes on " + device);
+    }
+    // host side in the device's host buffer type when it has one (CUDA: pinned memory), as the
+    // CPU side of llama.cpp's compute buffers is when such a device is in use
+    const size_t n = ggml_nbytes(t);
+    std::vector<uint8_t> plain;
+    buffer_ptr pinned;
+    uint8_t * host = nullptr;
+    if (ggml_backend_buffer_type_t hbt = ggml_backend_dev_host_buffer_type(dev)) {
+        pinned.reset(ggml_backend_buft_alloc_buffer(hbt, n));
+    }
+    if (pinned) {
+        host = (uint8_t *) ggml_backend_buffer_get_base(pinned.get());
+    } else {
+        plain.resize(n);
+        host = plain.data();
+    }
+    std::memset(host, 1, n);
+    auto once = [&]() {
+        if (host_to_device) {
+            ggml_backend_tensor_set(t, host, 0, n);
+        } else {
+            ggml_backend_tensor_get(t, host, 0, n);
+        }
+        ggml_backend_synchronize(be.get());
+    };
+    for (int i = 0; i < warmup; ++i) {
+        once();
+    }
+    oallama_timing out;
+    for (int i = 0; i < repeats; ++i) {
+        const int64_t t0 = ggml_time_us();
+        once();
+        out.samples_us.push_back(double(ggml_time_us() - t0));
+    }
+    out.buffer_type = ggml_backend_buft_name(ggml_backend_buffer_get_type(buf.get()));
+    return out;
+}
+
+oallama_timing oallama_profile_launch(const std::string & device, int n_threads, int warmup, int repeats) {
+    // the fixed cost of handing a device one graph and waiting for it: a one-element add
+    ggml_time_init();
+    ggml_backend_dev_t dev = oallama_device_by_name(device);
+    backend_ptr be = init_backend(dev, n_threads);
+    ctx_ptr ctx = new_ctx(4);
+    ggml_tensor * a = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_F32, 1);
+    ggml_tensor * y = ggml_add(ctx.get(), a, a);
+    ggml_cgraph * gf = ggml_new_graph(ctx.get());
+    ggml_build_forward_expand(gf, y);
+    buffer_ptr buf(ggml_backend_alloc_ctx_tensors(ctx.get(), be.get()));
+    const float one = 1.0f;
+    ggml_backend_tensor_set(a, &one, 0, sizeof(one));
+    oallama_timing out;
+    out.samples_us  = time_graph(be.get(), gf, warmup, repeats, "launch");
+    out.buffer_type = ggml_backend_buft_name(ggml_backend_buffer_get_type(buf.get()));
+    return out;
+}

@@ -1,0 +1,62 @@
+"""The `oallama` command. Each pipeline module registers its own subcommand through a
+``register(subparsers)`` function; this file only collects them and maps errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .errors import OallamaError
+
+# pipeline order: synth -> devices -> inspect -> profile -> plan -> run -> bench
+_COMMAND_MODULES = [
+    "oallama.synthetic",
+    "oallama.devices",
+    "oallama.inspect",
+    "oallama.profile",
+    "oallama.plan",
+    "oallama.run",
+    "oallama.bench",
+    "oallama.rpc",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="oallama", description="llama.cpp made operator-aware")
+    ap.add_argument("--version", action="version", version=f"oallama {_version()}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # not written yet
+                continue
+            raise
+        mod.register(sub)
+    return ap
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except OallamaError as e:
+        print(f"oallama {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"oallama {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

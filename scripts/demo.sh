@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine: set up, synthesise a small model, place it across
+# two devices (this CPU and a loopback rpc-server, or a GPU when there is one), generate text,
+# and show where every weight went and TTFT/TPOT.
+#   DEMO_PRESET=llama3-8b DEMO_LAYERS=4 DEMO_TYPE=q4_k_m scripts/demo.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+preset=${DEMO_PRESET:-tiny}
+qtype=${DEMO_TYPE:-q8_0}
+layers=${DEMO_LAYERS:-}
+mkdir -p build/demo
+model="build/demo/${preset}-${qtype}${layers:+-L$layers}.gguf"
+echo; echo "==> synthesising $model"
+if [ ! -f "$model" ]; then
+    python -m oallama synth --preset "$preset" --type "$qtype" ${layers:+--layers "$layers"} -o "$model"
+fi
+echo; echo "==> devices"
+python -m oallama devices
+echo; echo "==> generating with the feed-forward weights and the output head on a second device"
+python -m oallama run "$model" --rpc-local --split ffn -n 32 -p "Once upon a time"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Idempotent setup: .venv, dependencies, pinned llama.cpp (fetch + patch), build, editable install.
+# Re-running reuses the venv, the fetched tree and the build directory (and ccache when present);
+# when nothing that feeds the build changed, it skips the build altogether.
+#   OALLAMA_CUDA=ON scripts/setup.sh     also build ggml-cuda (needs nvcc)
+#   PYTHON=python3.12 scripts/setup.sh   choose the interpreter for .venv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+PY=${PYTHON:-python3}
+step() { printf '\n==> %s\n' "$*"; }
+
+if [ ! -x .venv/bin/python ]; then
+    step "creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+want_deps="scikit-build-core>=0.10 pybind11>=2.12 cmake>=3.21 ninja numpy>=1.26 gguf==0.19.0 highspy>=1.7 matplotlib>=3.7 psutil>=5.9 pytest>=8 ruff>=0.6"
+deps_stamp=.venv/.oallama-deps
+if [ ! -f "$deps_stamp" ] || [ "$(cat "$deps_stamp")" != "$want_deps" ]; then
+    step "installing Python dependencies"
+    # shellcheck disable=SC2086
+    python -m pip install -q --disable-pip-version-check $want_deps
+    echo "$want_deps" > "$deps_stamp"
+fi
+
+step "fetching the pinned llama.cpp"
+python scripts/fetch_llama.py
+
+if ! python - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version("llama_cpp_python") == "0.3.36" else 1)
+PY
+then
+    step "installing llama-cpp-python 0.3.36 (bindings only: oallama provides the libraries)"
+    sdist=$(python scripts/fetch_llama.py --print-sdist)
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
+        python -m pip install -q --disable-pip-version-check --no-build-isolation "$sdist"
+fi
+
+# Everything that feeds the native build; unchanged inputs and an importable _core skip it.
+build_inputs() {
+    cat CMakeLists.txt pyproject.toml third_party/llama.cpp/src/.oallama-stamp
+    find csrc -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) \
+        | sort | xargs cat
+    echo "cuda=${OALLAMA_CUDA:-OFF} kernels=${OALLAMA_KERNELS:-OFF} tools=${OALLAMA_TOOLS:-ON}"
+}
+build_stamp=.venv/.oallama-build
+want_build=$(build_inputs | sha256sum | cut -d' ' -f1)
+if [ -f "$build_stamp" ] && [ "$(cat "$build_stamp")" = "$want_build" ] \
+   && python -c "import oallama._core" 2>/dev/null; then
+    step "native build is up to date"
+else
+    step "building oallama (llama.cpp + _core); a clean build takes ~10 min on 2 cores"
+    start=$(date +%s)
+    export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+    python -m pip install --disable-pip-version-check --no-build-isolation --no-deps -v -e . \
+        2>&1 | grep -E --line-buffered '^\s*\[[0-9]+/[0-9]+\]|error|Error|warning: unused|Successfully' || true
+    python -c "import oallama._core" || { echo "setup: the build failed (see above)"; exit 1; }
+    echo "$want_build" > "$build_stamp"
+    echo "setup: native build took $(( $(date +%s) - start )) s"
+fi
+step "ready: source .venv/bin/activate  (python -m oallama --help)"

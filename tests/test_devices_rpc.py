@@ -1,0 +1,90 @@
+"""Devices and rpc-servers: naming, registration, and the errors a user sees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import warnings
+
+import pytest
+
+from oallama import RpcServerError, UnknownDeviceError, devices, rpc
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cpu_is_always_there() -> None:
+    cpu = devices.resolve("CPU")
+    assert cpu.kind == "cpu" and cpu.is_host and not cpu.is_accelerator
+    assert "CPU" in [d.name for d in devices.list_devices()]
+
+
+def test_unknown_device_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownDeviceError, match=r"unknown device 'NPU7'.*known devices: CPU"):
+        devices.resolve("NPU7")
+
+
+@pytest.mark.skipif(__import__("oallama._core")._core.have_cuda, reason="CUDA build")
+def test_cuda_name_on_a_cpu_build_says_how_to_get_cuda() -> None:
+    with pytest.raises(UnknownDeviceError, match=r"built without CUDA.*OALLAMA_CUDA=ON"):
+        devices.resolve("CUDA0")
+
+
+@pytest.mark.parametrize("endpoint", ["nocolon", "host:", ":50052", "host:99999", "host:port"])
+def test_malformed_endpoint(endpoint: str) -> None:
+    with pytest.raises(RpcServerError, match="not host:port"):
+        devices.resolve(f"RPC[{endpoint}]")
+
+
+def test_unreachable_rpc_server_is_named_not_aborted_on() -> None:
+    port = _closed_port()
+    with pytest.raises(RpcServerError, match=rf"cannot reach rpc-server at 127\.0\.0\.1:{port}"):
+        devices.resolve(f"RPC[127.0.0.1:{port}]")
+
+
+def test_rpc_device_registers_once_and_reports_memory(rpc_server: rpc.RpcServer) -> None:
+    dev = devices.resolve(rpc_server.device_name)
+    again = devices.resolve(rpc_server.device_name)
+    assert dev == again and dev.kind == "rpc" and dev.is_accelerator
+    names = [d.name for d in devices.list_devices()]
+    assert names.count(rpc_server.device_name) == 1
+    mem = {d.name: d for d in devices.list_devices(query_rpc_memory=True)}[rpc_server.device_name]
+    assert mem.memory_total > 0 and 0 < mem.memory_free <= mem.memory_total
+    assert devices.default_accelerator() is not None
+
+
+def test_server_binds_loopback_on_a_free_port() -> None:
+    with rpc.start_server(threads=1) as server:
+        assert server.host == "127.0.0.1" and server.alive()
+        assert server.device_name == f"RPC[127.0.0.1:{server.port}]"
+    assert not server.alive()
+
+
+def test_other_address_warns() -> None:
+    # 127.0.0.2 is still this machine, but not the loopback address oallama binds by default
+    with pytest.warns(RuntimeWarning, match="no authentication"), rpc.start_server("127.0.0.2", threads=1) as s:
+        assert s.alive()
+
+
+def test_server_death_is_reported_with_its_log() -> None:
+    server = rpc.start_server(threads=1)
+    os.kill(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(RpcServerError, match=rf"rpc-server {server.endpoint} .* exited with code -9"):
+        server.check()
+    server.stop()
+
+
+def test_taken_port_is_a_clear_error() -> None:
+    with rpc.start_server(threads=1) as first, warnings.catch_warnings():
+        with pytest.raises(RpcServerError, match=f"rpc-server 127.0.0.1:{first.port}"):
+            rpc.start_server(port=first.port, threads=1, timeout=10)
+        assert first.alive()
