@@ -4,6 +4,7 @@
 #include "oallama.h"
 
 #include "llama-context.h"
+#include "llama-ext.h"
 #include "llama-memory.h"
 
 #include <memory>
@@ -247,14 +248,17 @@ void oallama_context_set_offload_policy(llama_context * ctx, const std::map<std:
     for (const auto & [name, t] : llama_internal_get_tensor_map(&ctx->get_model())) {
         by_name.emplace(name, t);
     }
-    ggml_backend_sched_t sched = ctx->get_sched();
     for (const auto & [name, n] : min_batch) {
         auto it = by_name.find(name);
         if (it == by_name.end()) {
             throw std::runtime_error("offload policy names weight '" + name + "' that the model does not have");
         }
-        ggml_backend_sched_set_op_offload_min_batch(sched, it->second, n);
+        // kept by the context, applied to every scheduler it makes (patch 0003)
+        llama_set_op_offload_min_batch(ctx, it->second, n);
     }
+    // size the compute buffers for the splits the policy makes
+    log_guard quiet(true);
+    llama_sched_reserve(ctx);
 }
 
 std::map<std::string, int64_t> oallama_context_get_offload_policy(llama_context * ctx) {

@@ -102,18 +102,52 @@ static std::vector<uint8_t> weight_bytes(ggml_type type, int64_t k, int64_t m, u
     return out;
 }
 
-static std::vector<double> time_graph(ggml_backend_t be, ggml_cgraph * gf, int warmup, int repeats, const std::string & what) {
+static bool is_rpc(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    return reg != nullptr && std::string(ggml_backend_reg_name(reg)).rfind("RPC", 0) == 0;
+}
+
+// Wait until the device has really finished. ggml-rpc's synchronize only waits until the
+// commands are sent; reading a few bytes of a result is a round trip the server answers after
+// everything queued before it ran.
+static void barrier(ggml_backend_t be, ggml_backend_dev_t dev, const ggml_tensor * result) {
+    ggml_backend_synchronize(be);
+    if (is_rpc(dev) && result != nullptr) {
+        uint8_t tmp[4];
+        ggml_backend_tensor_get(result, tmp, 0, std::min<size_t>(sizeof(tmp), ggml_nbytes(result)));
+    }
+}
+
+// ggml logs (e.g. the CPU backend's "repack tensor ...") are not for the profiler's user
+struct ggml_log_guard {
+    ggml_log_callback prev_cb = nullptr;
+    void * prev_ud = nullptr;
+    ggml_log_guard() {
+        ggml_log_get(&prev_cb, &prev_ud);
+        ggml_log_set([](ggml_log_level level, const char * text, void *) {
+            if (level == GGML_LOG_LEVEL_ERROR) {
+                fputs(text, stderr);
+            }
+        }, nullptr);
+    }
+    ~ggml_log_guard() { ggml_log_set(prev_cb, prev_ud); }
+};
+
+static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev, ggml_cgraph * gf, int warmup,
+                                      int repeats, const std::string & what) {
+    const ggml_tensor * result = ggml_graph_node(gf, -1);
     for (int i = 0; i < warmup; ++i) {
         if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
             throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
         }
+        barrier(be, dev, result);
     }
     std::vector<double> samples;
     for (int i = 0; i < repeats; ++i) {
-        ggml_backend_synchronize(be);
+        barrier(be, dev, result);
         const int64_t t0 = ggml_time_us();
         const ggml_status st = ggml_backend_graph_compute(be, gf);
-        ggml_backend_synchronize(be);
+        barrier(be, dev, result);
         const int64_t t1 = ggml_time_us();
         if (st != GGML_STATUS_SUCCESS) {
             throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
@@ -126,6 +160,7 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_cgraph * gf, int w
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts) {
+    ggml_log_guard quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
     backend_ptr be = init_backend(dev, n_threads);
@@ -171,7 +206,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
         }
         ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
         oallama_timing t;
-        t.samples_us  = time_graph(be.get(), gf, warmup, repeats, what);
+        t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what);
         t.buffer_type = ggml_backend_buft_name(buft);
         out.push_back(std::move(t));
     }
@@ -210,7 +245,7 @@ oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bo
         } else {
             ggml_backend_tensor_get(t, host, 0, n);
         }
-        ggml_backend_synchronize(be.get());
+        barrier(be.get(), dev, t);
     };
     for (int i = 0; i < warmup; ++i) {
         once();
@@ -239,7 +274,7 @@ oallama_timing oallama_profile_launch(const std::string & device, int n_threads,
     const float one = 1.0f;
     ggml_backend_tensor_set(a, &one, 0, sizeof(one));
     oallama_timing out;
-    out.samples_us  = time_graph(be.get(), gf, warmup, repeats, "launch");
+    out.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, "launch");
     out.buffer_type = ggml_backend_buft_name(ggml_backend_buffer_get_type(buf.get()));
     return out;
 }

@@ -21,6 +21,8 @@ _COMMAND_MODULES = [
     "oallama.run",
     "oallama.bench",
     "oallama.rpc",
+    "oallama.probe",
+    "oallama.distributed",
 ]
 
 

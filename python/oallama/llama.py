@@ -2,9 +2,17 @@
 
 Every constructor argument and method of `llama_cpp.Llama` works unchanged. New keywords:
 
-    devices=   ggml device names the model may use, e.g. ["CPU", "CUDA0"] or
-               ["CPU", "RPC[127.0.0.1:50052]"]; None keeps llama.cpp's default (all local GPUs)
-    placement= weight name -> device name, or the path of a placement/plan JSON file
+    devices=    ggml device names the model may use, e.g. ["CPU", "CUDA0"] or
+                ["CPU", "RPC[127.0.0.1:50052]"]; None keeps llama.cpp's default (all local GPUs)
+    placement=  weight name -> device name; or the path of a plan file (`oallama plan -o`); or a
+                strategy, "layers" | "affinity" | "optimal", planned here for gpu_budget=
+    gpu_budget= accelerator memory for the strategy: "12GiB" or "50%" of the weights
+    device=     the accelerator to plan for (default: the first GPU, else the first RPC device)
+    workload=   oallama.plan.Workload to optimise for (default: prompt 512, generate 128, e2e)
+    profile=    a Profile or profile JSON to plan with (default: measured once, then cached)
+
+    >>> llm = Llama("m.gguf", gpu_budget="50%", placement="optimal")   # profile, plan, load
+    >>> llm.plan["predicted"]["tpot_ms"]
 
     >>> llm = Llama("m.gguf", devices=["CPU", "CUDA0"], placement={"output.weight": "CUDA0"})
     >>> llm.tensor_devices()["output.weight"]        # read back from the loaded model
@@ -34,6 +42,11 @@ from .errors import PlanError
 class _BuftOverride(ctypes.Structure):
     # struct llama_model_tensor_buft_override (llama.h); llama-cpp-python types the field void*
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def ctx_value(pointer: Any) -> int:
+    """Integer address of a llama-cpp-python ctypes pointer."""
+    return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
 
 
 @dataclass(frozen=True)
@@ -101,23 +114,6 @@ def _model_params_hook(native: _NativeLoadParams | None) -> Iterator[None]:
             _C.llama_model_default_params = original
 
 
-def _resolve_placement(placement: Mapping[str, str] | str | Path | None,
-                       model: gguf_file.GGUFInfo) -> tuple[dict[str, str] | None, list[str] | None]:
-    """placement argument -> (weight->device map, devices named by a plan file)."""
-    if placement is None or isinstance(placement, Mapping):
-        return (dict(placement) if placement is not None else None), None
-    if isinstance(placement, str | Path):
-        doc = place.read_placement_file(placement)
-        identity = doc.get("model", {}).get("identity") if isinstance(doc.get("model"), dict) else None
-        if identity is not None and identity != model.identity():
-            raise PlanError(
-                f"{placement}: plan was made for model '{doc['model'].get('name', '?')}' "
-                f"(identity {identity[:12]}), not {model.path.name} ({model.identity()[:12]})"
-            )
-        return dict(doc["placement"]), doc.get("devices")
-    raise PlanError(f"placement must be a mapping or a plan file path, not {type(placement).__name__}")
-
-
 def _trim(shape: Sequence[int]) -> tuple[int, ...]:
     """ggml's 4-d ne without trailing 1s: (4096, 1024, 1, 1) -> (4096, 1024)."""
     dims = list(shape)
@@ -126,22 +122,105 @@ def _trim(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(dims)
 
 
+@dataclass
+class _LoadRequest:
+    """What the constructor's placement arguments resolve to."""
+
+    assignment: dict[str, str] | None = None  # weight -> device (None: no overrides)
+    devices: list[str] | None = None
+    n_gpu_layers: int | None = None
+    offload_policy: dict[str, int] | None = None  # host weight -> min batch (patch 0001)
+    plan: dict[str, Any] | None = None  # the plan document, when there is one
+
+
+def _from_plan_document(doc: dict[str, Any]) -> _LoadRequest:
+    from .schedmodel import NEVER
+
+    stock = doc.get("load") == "n_gpu_layers"
+    policy = {w: (NEVER if b is None else int(b)) for w, b in (doc.get("offload_min_batch") or {}).items()}
+    return _LoadRequest(None if stock else dict(doc["placement"]), doc.get("devices"), doc.get("n_gpu_layers"),
+                        policy or None, doc)
+
+
+def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.GGUFInfo,
+             devices: Sequence[str] | None, gpu_budget: str | int | None, kwargs: dict[str, Any],
+             device: str | None, workload: Any, profile: Any) -> _LoadRequest:
+    from . import plan as planmod
+
+    if gpu_budget is not None and placement is None:
+        placement = "optimal"
+    if isinstance(placement, str) and placement in planmod.STRATEGIES:
+        if gpu_budget is None:
+            raise PlanError(f"placement='{placement}' needs gpu_budget= (bytes such as '12GiB' or a share such as '50%')")
+        acc = device or next((d for d in devices or [] if not devmod.resolve(d).is_host), None)
+        if acc is None:
+            found = devmod.default_accelerator()
+            if found is None:
+                raise PlanError("no accelerator to plan for: pass device='CUDA0' or 'RPC[host:port]' "
+                                "(oallama.rpc.start_server() starts a local one)")
+            acc = found.name
+        wl = workload or planmod.Workload(n_ubatch=int(kwargs.get("n_ubatch", 512)))
+        if isinstance(profile, (str, Path)):
+            from .profile import Profile
+
+            profile = Profile.load(profile)
+        ctx = planmod.build_context(model.path, acc, wl, profile=profile, threads=kwargs.get("n_threads"),
+                                    op_offload=kwargs.get("op_offload") is not False,
+                                    progress=bool(kwargs.get("verbose", True)))
+        plan = planmod.make_plan(ctx, placement, gpu_budget)
+        return _from_plan_document(plan.to_json())
+    if gpu_budget is not None:
+        raise PlanError("gpu_budget= goes with placement='layers'|'affinity'|'optimal', not with a fixed placement")
+    if placement is None or isinstance(placement, Mapping):
+        return _LoadRequest(dict(placement) if placement is not None else None)
+    if isinstance(placement, str | Path):
+        if isinstance(placement, str) and not Path(placement).suffix and not Path(placement).exists():
+            raise PlanError(f"placement '{placement}': not a plan file and not a strategy "
+                            f"({', '.join(planmod.STRATEGIES)})")
+        doc = planmod.read_plan(placement, model)
+        if doc.get("schema") == planmod.SCHEMA:
+            return _from_plan_document(doc)
+        return _LoadRequest(dict(doc["placement"]), doc.get("devices"))
+    raise PlanError(f"placement must be a mapping, a plan file or a strategy name, not {type(placement).__name__}")
+
+
 class Llama(llama_cpp.Llama):
-    """llama_cpp.Llama with `devices=` and `placement=` (see module docstring)."""
+    """llama_cpp.Llama with `devices=`, `placement=` and `gpu_budget=` (see module docstring)."""
 
     def __init__(self, model_path: str, *args: Any, devices: Sequence[str] | None = None,
-                 placement: Mapping[str, str] | str | Path | None = None, **kwargs: Any) -> None:
+                 placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
+                 device: str | None = None, workload: Any = None, profile: Any = None, **kwargs: Any) -> None:
         self.model_info = gguf_file.check_model(model_path)
-        assignment, plan_devices = _resolve_placement(placement, self.model_info)
-        if devices is None and plan_devices is not None:
-            devices = plan_devices
+        req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile)
+        if devices is None and req.devices is not None:
+            devices = req.devices
+        if req.n_gpu_layers is not None:
+            if "n_gpu_layers" in kwargs and kwargs["n_gpu_layers"] != req.n_gpu_layers:
+                raise PlanError(f"n_gpu_layers={kwargs['n_gpu_layers']} conflicts with the plan's "
+                                f"n_gpu_layers={req.n_gpu_layers}")
+            kwargs["n_gpu_layers"] = req.n_gpu_layers
+        if req.offload_policy and kwargs.get("op_offload") is False:
+            raise PlanError("the plan streams host weights to the accelerator, which needs op_offload=True")
+        self.plan: dict[str, Any] | None = req.plan
         self.load_spec: place.LoadSpec | None = None
         self._native_load_params: _NativeLoadParams | None = None
-        if devices is not None or assignment is not None:
-            self.load_spec = place.build_load_spec(self.model_info, assignment, devices)
+        if devices is not None or req.assignment is not None:
+            self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices)
             self._native_load_params = _NativeLoadParams(self.load_spec)
         with _model_params_hook(self._native_load_params):
             super().__init__(model_path, *args, **kwargs)
+        if req.offload_policy:
+            _core.set_offload_policy(self._context_address(), req.offload_policy)
+
+    def _context_address(self) -> int:
+        ctx = getattr(getattr(self, "_ctx", None), "ctx", None)
+        if ctx is None:
+            raise RuntimeError("this Llama is closed: its context has been freed")
+        return int(ctx_value(ctx))
+
+    def offload_policy(self) -> dict[str, int]:
+        """Per-weight op offload thresholds in effect (weight -> min batch), read from the scheduler."""
+        return dict(_core.get_offload_policy(self._context_address()))
 
     # --- readback ---------------------------------------------------------------------------
 
@@ -149,7 +228,7 @@ class Llama(llama_cpp.Llama):
         model = getattr(getattr(self, "_model", None), "model", None)
         if model is None:
             raise RuntimeError("this Llama is closed: its model has been freed")
-        return int(ctypes.cast(model, ctypes.c_void_p).value or 0)
+        return ctx_value(model)
 
     def tensor_placements(self) -> list[TensorPlacement]:
         """Every weight tensor of the loaded model with its device and buffer type, read from

@@ -133,6 +133,17 @@ class Profile:
             lo, hi = (pts[i - 1], pts[i]) if i > 0 else (pts[0], pts[1])
         return max(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]), 0.0)
 
+    def renamed(self, names: Sequence[str]) -> Profile:
+        """The same measurements under the current names of its devices (in measurement order):
+        a loopback rpc-server gets a new port, hence a new name, every time it starts."""
+        old = list(self.devices)
+        if len(old) != len(names):
+            raise ValueError("profile has a different number of devices")
+        ren = dict(zip(old, names, strict=True))
+        return Profile(self.key, self.model_shapes, {ren[k]: v for k, v in self.devices.items()}, self.settings,
+                       self.build, {ren[k]: v for k, v in self.ops.items()},
+                       {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s)
+
     def link(self, device: str, direction: str) -> Link:
         if device not in self.links:
             return Link(0.0, float("inf"))  # the host itself
@@ -203,8 +214,19 @@ def shapes_hash(inv: Inventory) -> str:
     return hashlib.sha256(repr(sig).encode()).hexdigest()
 
 
+def device_identity(d: devmod.Device) -> str:
+    """What a measurement on `d` is valid for. An rpc-server on this machine is the same device
+    whatever port it listens on (oallama starts them on free ports)."""
+    if d.kind == "rpc":
+        host = devmod.parse_endpoint(d.description)[0]
+        if host in ("127.0.0.1", "localhost", "::1"):
+            return f"rpc:loopback:{_cpu_name()}"
+        return f"rpc:{d.description}"
+    return f"{d.kind}:{d.name}:{d.description}"
+
+
 def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) -> str:
-    doc = {"shapes": shapes, "devices": [[d.name, d.description] for d in devs], "settings": settings.as_dict(),
+    doc = {"shapes": shapes, "devices": [device_identity(d) for d in devs], "settings": settings.as_dict(),
            "build": build_info()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -283,11 +305,11 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     cached = cache_dir() / f"{key}.json"
     if cache and cached.exists():
         try:
-            prof = Profile.load(cached)
+            prof = Profile.load(cached).renamed([d.name for d in devs])
             if progress:
                 print(f"profile: reusing {cached}", file=sys.stderr)
             return prof
-        except ProfileError:
+        except (ProfileError, KeyError, ValueError):
             pass  # unreadable: measure again
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
     if cache:

@@ -126,9 +126,12 @@ class PassModel:
         self.anchors = self.anchor_map[False]
         # data each node reads: (source, bytes); source = ("node", i) | ("w", weight) | ("kv", l) | ("c", 0|1)
         self.reads: dict[int, list[tuple[tuple, int]]] = {i: [] for i in self.order}
+        self.read_bytes: dict[tuple, int] = {}  # source -> bytes of its largest read
         for i in self.order:
             for s in graph.nodes[i].srcs:
-                self.reads[i].append((self._source(s), graph.tensor(s).nbytes))
+                src, nbytes = self._source(s), graph.tensor(s).nbytes
+                self.reads[i].append((src, nbytes))
+                self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
         # weights that every reading node's accelerator supports (others must stay on the host)
         self.weights: set[str] = {n.weight for n in graph.nodes if n.weight} | {
             lf.weight for lf in graph.leafs if lf.weight}
@@ -249,19 +252,21 @@ class PassModel:
     def cost(self, p: Placement) -> PassCost:
         dev = self.assign(p)
         compute = sum(self.t_acc[i] if dev[i] else self.t_host[i] for i in self.t_host)
-        copies: dict[tuple[tuple, bool], int] = {}
+        copies: set[tuple[tuple, bool]] = set()
         for i in self.order:
-            for src, nbytes in self.reads[i]:
+            for src, _ in self.reads[i]:
                 if self.source_on_acc(src, dev, p) != dev[i]:
-                    copies[(src, dev[i])] = max(copies.get((src, dev[i]), 0), nbytes)
-        copy_us = sum((self.h2d if to_acc else self.d2h).time_us(b) for (_, to_acc), b in copies.items())
+                    copies.add((src, dev[i]))
+        # a tensor read on the other device is copied once, sized by its largest read
+        sizes = {(src, d): self.read_bytes[src] for src, d in copies}
+        copy_us = sum((self.h2d if to_acc else self.d2h).time_us(b) for (_, to_acc), b in sizes.items())
         splits, launch, last = 0, 0.0, None
         for i in self.order:
             if dev[i] != last:
                 splits += 1
                 launch += self.launch[int(dev[i])]
                 last = dev[i]
-        return PassCost(compute, copy_us, launch, splits, len(copies), sum(copies.values()), dev)
+        return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev)
 
 
 def weight_bytes(graph: Graph) -> dict[str, int]:
@@ -279,16 +284,16 @@ def kv_bytes_per_layer(graph: Graph) -> dict[int, int]:
 
 
 def layer_weights(names: Iterable[str], n_gpu_layers: int, n_layer: int) -> set[str]:
-    """What llama.cpp's n_gpu_layers puts on the GPU: the weights of the last n_gpu_layers
-    layers, plus the output layer (every non-layer weight but the input embedding) once
-    n_gpu_layers > n_layer."""
-    first = max(n_layer - n_gpu_layers, 0)
+    """What llama.cpp's n_gpu_layers puts on the GPU. It counts the output layer first: with
+    n_gpu_layers = k >= 1 the output layer (every non-layer weight but the input embedding,
+    which always stays on the CPU) and the last k - 1 repeating layers go to the GPU."""
+    first = n_layer + 1 - n_gpu_layers  # llama-model.cpp: i_gpu_start
     out = set()
     for name in names:
         m = re.match(r"^blk\.(\d+)\.", name)
         if m:
             if int(m[1]) >= first:
                 out.add(name)
-        elif n_gpu_layers > n_layer and not name.startswith("token_embd"):
+        elif n_gpu_layers >= 1 and not name.startswith("token_embd"):
             out.add(name)
     return out

@@ -1,0 +1,329 @@
+"""Optimal: the placement with the least predicted time for a stated workload, exactly.
+
+A mixed-integer linear program over the scheduler model of `schedmodel` (which reproduces
+ggml's node -> device assignment), solved with HiGHS. Decisions:
+
+  x[w]     weight w lives on the accelerator                                  (binary)
+  kv[l]    layer l is on the accelerator: its KV cache and the nodes llama.cpp
+           pins to it; trailing (kv[l] <= kv[l+1]) as n_gpu_layers makes it  (binary)
+  s[w,b]   a host weight's ops of batch b are streamed to the accelerator
+           (FlexGen-style, patch 0001); s <= 1 - x, monotone in b            (binary)
+
+Every non-view node's device is then linear in these: a constant, x[w] + s[w,b], kv[l], or, for
+a node the scheduler spreads to, r = OR(device of the pass-1 node before, after), linearised as
+r >= a, r >= b, r <= a + b. Copies and split switches are linearised with one non-negative
+variable per direction (up >= c - s, down >= s - c), charged T'(bytes) or a launch cost.
+
+  minimise   sum over passes p of  weight_p * (compute_p + copies_p + launches_p)
+  subject to sum_w M_w x[w] + sum_l KV_l kv[l] + R u + m <= budget      (bytes)
+             u >= every decision (anything on the accelerator reserves its compute buffer R)
+             m >= M_w s[w,b]   (a streamed weight needs room in the compute buffer)
+
+With every integer variable fixed the objective equals `PassModel.cost` summed over the passes
+(tests/test_plan.py checks that, and that the optimum equals brute force on small instances).
+Full offload (every layer's KV on the accelerator) changes which nodes llama.cpp pins, so it is
+solved as a separate program with kv fixed to 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+
+from .schedmodel import NEVER, PassModel, Placement
+
+
+class _Lin:
+    """const + sum(coef * var): a linear expression over LP columns."""
+
+    __slots__ = ("c", "t")
+
+    def __init__(self, c: float = 0.0, t: Mapping[int, float] | None = None) -> None:
+        self.c = c
+        self.t = dict(t or {})
+
+    def key(self) -> tuple:
+        return (round(self.c, 12), tuple(sorted(self.t.items())))
+
+    def minus(self, o: _Lin) -> _Lin:
+        t = dict(self.t)
+        for k, v in o.t.items():
+            t[k] = t.get(k, 0.0) - v
+        return _Lin(self.c - o.c, {k: v for k, v in t.items() if v != 0.0})
+
+    @property
+    def constant(self) -> bool:
+        return not self.t
+
+    def affine(self, base: float, slope: float) -> _Lin:
+        """base + slope * self"""
+        return _Lin(base + slope * self.c, {k: slope * v for k, v in self.t.items()})
+
+
+class _Program:
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.cost: list[float] = []
+        self.integer: list[bool] = []
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+        self.offset = 0.0
+
+    def var(self, lb: float = 0.0, ub: float = 1.0, integer: bool = False) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.cost.append(0.0)
+        self.integer.append(integer)
+        return len(self.lb) - 1
+
+    def add_cost(self, e: _Lin, scale: float) -> None:
+        self.offset += e.c * scale
+        for k, v in e.t.items():
+            self.cost[k] += v * scale
+
+    def geq(self, lhs: _Lin, rhs: _Lin) -> None:
+        """lhs >= rhs"""
+        d = lhs.minus(rhs)
+        if d.constant:
+            if d.c < -1e-9:
+                raise ValueError("infeasible constant constraint")
+            return
+        self.rows.append((d.t, -d.c, math.inf))
+
+    def leq_const(self, e: _Lin, bound: float) -> None:
+        self.rows.append((dict(e.t), -math.inf, bound - e.c))
+
+    def solve(self, time_limit: float) -> tuple[str, np.ndarray, float]:
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("time_limit", float(time_limit))
+        h.setOptionValue("mip_rel_gap", 1e-9)
+        n = len(self.lb)
+        inf = highspy.kHighsInf
+        h.addVars(n, np.array(self.lb), np.array([inf if math.isinf(u) else u for u in self.ub]))
+        h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(self.cost))
+        ints = np.array([i for i in range(n) if self.integer[i]], dtype=np.int32)
+        if len(ints):
+            h.changeColsIntegrality(len(ints), ints, np.array([highspy.HighsVarType.kInteger] * len(ints)))
+        if self.rows:
+            lo = np.array([-inf if math.isinf(r[1]) else r[1] for r in self.rows])
+            hi = np.array([inf if math.isinf(r[2]) else r[2] for r in self.rows])
+            starts, idx, val = [], [], []
+            for terms, _, _ in self.rows:
+                starts.append(len(idx))
+                idx.extend(terms.keys())
+                val.extend(terms.values())
+            h.addRows(len(self.rows), lo, hi, len(idx), np.array(starts, dtype=np.int32),
+                      np.array(idx, dtype=np.int32), np.array(val))
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return status, np.zeros(n), math.inf
+        x = np.array(h.getSolution().col_value)
+        return status, x, h.getInfo().objective_function_value + self.offset
+
+
+@dataclass
+class Solution:
+    placement: Placement
+    objective_us: float  # the program's optimum: sum of weight_p * predicted pass time
+    solve_s: float  # seconds in HiGHS and building the program
+    n_vars: int
+    n_rows: int
+    status: str
+    stream_batches: dict[str, list[int]] = field(default_factory=dict)  # host weight -> batches streamed
+
+
+def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[str, int],
+          kv_bytes: Mapping[int, int], budget: int, reserve: int = 0, full: bool = False,
+          stream: bool = True, fixed: Mapping[str, bool] | None = None, time_limit: float = 60.0) -> Solution | None:
+    """Best placement for passes [(model, weight)] within `budget` accelerator bytes.
+
+    reserve: compute-buffer bytes the accelerator needs as soon as anything runs there.
+    full: every layer on the accelerator (n_gpu_layers = n_layer + 1); else some layers stay.
+    stream: allow streaming host weights (per-weight op offload); fixed: weight -> on_acc forced.
+    Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it).
+    """
+    t0 = time.perf_counter()
+    pm0 = passes[0][0]
+    n_layer = pm0.n_layer
+    prog = _Program()
+    fixed = dict(fixed or {})
+
+    weights = sorted(set().union(*(pm.weights for pm, _ in passes)))
+    acc_ok = {w: all(pm.acc_ok.get(w, True) for pm, _ in passes) for w in weights}
+    x: dict[str, int] = {}
+    for w in weights:
+        ub = 1.0 if acc_ok[w] else 0.0
+        lb = 0.0
+        if w in fixed:
+            lb = ub = float(fixed[w])
+        x[w] = prog.var(lb, ub, integer=True)
+    kv: dict[int, int] = {}
+    if not full:
+        for layer in range(n_layer):
+            kv[layer] = prog.var(0.0, 0.0 if layer == 0 else 1.0, integer=True)  # layer 0 on the host: not full
+        for layer in range(n_layer - 1):
+            prog.geq(_Lin(0, {kv[layer + 1]: 1}), _Lin(0, {kv[layer]: 1}))
+    # streaming decisions per (weight, batch)
+    s: dict[tuple[str, int], int] = {}
+    if stream:
+        for pm, _ in passes:
+            for i in pm.order:
+                k = pm.kinds[full][i]
+                if k[0] == "w" and k[2] and (k[1], k[4]) not in s and not fixed.get(k[1], False):
+                    s[(k[1], k[4])] = prog.var(0.0, 1.0, integer=True)
+        for (w, _), v in s.items():
+            prog.geq(_Lin(1, {x[w]: -1}), _Lin(0, {v: 1}))  # s <= 1 - x
+        by_w: dict[str, list[int]] = {}
+        for w, b in s:
+            by_w.setdefault(w, []).append(b)
+        for w, bs in by_w.items():
+            bs.sort()
+            for b1, b2 in itertools.pairwise(bs):
+                prog.geq(_Lin(0, {s[(w, b2)]: 1}), _Lin(0, {s[(w, b1)]: 1}))  # a threshold: monotone
+
+    def layer_expr(layer: int) -> _Lin:
+        return _Lin(1.0) if full else _Lin(0, {kv[layer]: 1})
+
+    or_cache: dict[tuple, _Lin] = {}
+
+    def or_expr(a: _Lin, b: _Lin) -> _Lin:
+        if (a.constant and a.c >= 1) or (b.constant and b.c >= 1):
+            return _Lin(1.0)
+        if a.constant:
+            return b
+        if b.constant:
+            return a
+        key = (a.key(), b.key())
+        if key not in or_cache:
+            r = prog.var()
+            rl = _Lin(0, {r: 1})
+            prog.geq(rl, a)
+            prog.geq(rl, b)
+            sum_ab = _Lin(a.c + b.c, {**a.t})
+            for k, v in b.t.items():
+                sum_ab.t[k] = sum_ab.t.get(k, 0.0) + v
+            prog.geq(sum_ab, rl)
+            or_cache[key] = rl
+        return or_cache[key]
+
+    for pm, pass_weight in passes:
+        kind, anchors = pm.kinds[full], pm.anchor_map[full]
+        dev: dict[int, _Lin] = {}
+        for i in pm.order:
+            k = kind[i]
+            if k[0] == "c":
+                dev[i] = _Lin(float(k[1]))
+            elif k[0] == "kv":
+                dev[i] = layer_expr(k[1])
+            elif k[0] == "w":
+                e = _Lin(0, {x[k[1]]: 1})
+                if (k[1], k[4]) in s:
+                    e.t[s[(k[1], k[4])]] = 1.0
+                dev[i] = e
+        for i, (a, b) in anchors.items():
+            if not kind[i][1]:
+                dev[i] = _Lin(0.0)
+                continue
+            dev[i] = or_expr(dev[a] if a is not None else _Lin(0.0), dev[b] if b is not None else _Lin(0.0))
+
+        def source(src: tuple, dev: dict[int, _Lin] = dev) -> _Lin:
+            if src[0] == "node":
+                return dev[src[1]]
+            if src[0] == "w":
+                return _Lin(0, {x[src[1]]: 1})
+            if src[0] == "kv":
+                return layer_expr(src[1])
+            return _Lin(float(src[1]))
+
+        # compute
+        for i, th in pm.t_host.items():
+            prog.add_cost(dev[i].affine(th, pm.t_acc[i] - th), pass_weight)
+        # copies: one per (source, direction), sized by the largest read
+        reads: dict[tuple, tuple[int, dict[tuple, _Lin]]] = {}
+        for i in pm.order:
+            for src, nbytes in pm.reads[i]:
+                b, cons = reads.get(src, (0, {}))
+                cons[dev[i].key()] = dev[i]
+                reads[src] = (max(b, nbytes), cons)
+        for src, (nbytes, cons) in reads.items():
+            se = source(src)
+            up_cost, down_cost = pm.h2d.time_us(nbytes), pm.d2h.time_us(nbytes)
+            up = down = None
+            for c in cons.values():
+                d = c.minus(se)  # > 0: read on the accelerator, lives on the host
+                if d.constant:
+                    if d.c > 0.5:
+                        prog.offset += up_cost * pass_weight
+                    elif d.c < -0.5:
+                        prog.offset += down_cost * pass_weight
+                    continue
+                if up is None:
+                    up, down = prog.var(0, 1), prog.var(0, 1)
+                    prog.cost[up] += up_cost * pass_weight
+                    prog.cost[down] += down_cost * pass_weight
+                prog.geq(_Lin(0, {up: 1}), c.minus(se))
+                prog.geq(_Lin(0, {down: 1}), se.minus(c))
+        # launches: the first split, then every switch of device along the order
+        prog.add_cost(dev[pm.order[0]].affine(pm.launch[0], pm.launch[1] - pm.launch[0]), pass_weight)
+        for i, j in zip(pm.order, pm.order[1:], strict=False):
+            a, b = dev[i], dev[j]
+            if a.key() == b.key():
+                continue
+            d = b.minus(a)
+            if d.constant:
+                if abs(d.c) > 0.5:
+                    prog.offset += pm.launch[1 if d.c > 0 else 0] * pass_weight
+                continue
+            up, down = prog.var(0, 1), prog.var(0, 1)
+            prog.cost[up] += pm.launch[1] * pass_weight
+            prog.cost[down] += pm.launch[0] * pass_weight
+            prog.geq(_Lin(0, {up: 1}), d)
+            prog.geq(_Lin(0, {down: 1}), a.minus(b))
+
+    # memory (bytes)
+    mem = _Lin(0.0)
+    for w in weights:
+        mem.t[x[w]] = float(weight_bytes.get(w, 0))
+    if full:
+        mem.c += float(sum(kv_bytes.values()))
+    else:
+        for layer, v in kv.items():
+            mem.t[v] = mem.t.get(v, 0.0) + float(kv_bytes.get(layer, 0))
+    if reserve:
+        u = prog.var()
+        for v in [*x.values(), *kv.values(), *s.values()]:
+            prog.geq(_Lin(0, {u: 1}), _Lin(0, {v: 1}))
+        if full:
+            prog.lb[u] = 1.0
+        mem.t[u] = float(reserve)
+    if s:
+        m = prog.var(0.0, math.inf)
+        for (w, _), v in s.items():
+            prog.geq(_Lin(0, {m: 1}), _Lin(0, {v: float(weight_bytes.get(w, 0))}))
+        mem.t[m] = 1.0
+    if mem.c > budget:
+        return None
+    prog.leq_const(mem, float(budget))
+
+    status, sol, obj = prog.solve(time_limit)
+    elapsed = time.perf_counter() - t0
+    if not math.isfinite(obj):
+        return None
+    on_acc = frozenset(w for w in weights if sol[x[w]] > 0.5)
+    kv_layers = n_layer if full else round(sum(sol[v] for v in kv.values()))
+    streamed: dict[str, list[int]] = {}
+    for (w, b), v in s.items():
+        if sol[v] > 0.5:
+            streamed.setdefault(w, []).append(b)
+    # every host weight gets an explicit policy: the smallest batch it streams at, else never
+    min_batch = {w: (min(streamed[w]) if w in streamed else NEVER) for w in weights if w not in on_acc}
+    return Solution(Placement(on_acc, kv_layers, min_batch), obj, elapsed, len(prog.lb), len(prog.rows), status,
+                    {w: sorted(b) for w, b in streamed.items()})
