@@ -207,6 +207,53 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
         return -1 - j;
     };
 
+    std::unordered_map<std::string, const ggml_tensor *> weight_by_name;
+    for (const auto & [t, name] : weights) {
+        weight_by_name.emplace(name, t);
+    }
+    std::unordered_multimap<std::string, int> node_by_name;
+    for (int i = 0; i < n_nodes; ++i) {
+        node_by_name.emplace(ggml_get_name(ggml_graph_node(gf, i)), i);
+    }
+    // The split replaced a source read on another backend by a copy named "<backend>#<name>#<n>"
+    // with the source's layout (ggml-backend.cpp, pass 5). Map it back to the source: a weight by
+    // its unique name, a computed tensor by the latest earlier node of that name and shape.
+    auto source_of_copy = [&](const ggml_tensor * src, int reader) -> const ggml_tensor * {
+        const std::string name = ggml_get_name(src);
+        const size_t a = name.find('#'), b = name.rfind('#');
+        if (a == std::string::npos || a == b) {
+            return src;
+        }
+        const std::string orig = name.substr(a + 1, b - a - 1);
+        auto w = weight_by_name.find(orig);
+        if (w != weight_by_name.end()) {
+            return w->second;
+        }
+        const ggml_tensor * best = nullptr;
+        int best_i = -1;
+        auto range = node_by_name.equal_range(orig);
+        for (auto it = range.first; it != range.second; ++it) {
+            const ggml_tensor * cand = ggml_graph_node(gf, it->second);
+            if (it->second < reader && it->second > best_i && ggml_are_same_shape(cand, src) && cand->type == src->type) {
+                best = cand;
+                best_i = it->second;
+            }
+        }
+        if (best != nullptr) {
+            return best;
+        }
+        for (int j = 0; j < (int) g.leafs.size(); ++j) {  // inputs already seen as leaves
+            if (g.leafs[j].name == orig) {
+                for (const auto & [t, idx] : index) {
+                    if (idx == -1 - j) {
+                        return t;
+                    }
+                }
+            }
+        }
+        return src;
+    };
+
     g.nodes.resize(n_nodes);
     for (int i = 0; i < n_nodes; ++i) {
         ggml_tensor * node = ggml_graph_node(gf, i);
@@ -221,6 +268,9 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
             const ggml_tensor * src = node->src[j];
             if (src == nullptr) {
                 break;
+            }
+            if (index.find(src) == index.end()) {
+                src = source_of_copy(src, i);
             }
             out.srcs.push_back(leaf_index(src));
             auto w = weights.find(src);

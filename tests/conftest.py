@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import oallama  # noqa: F401  (points llama_cpp at oallama's libraries before an
 from oallama import rpc
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# profiles measured by tests go to a private cache, never the user's
+os.environ["OALLAMA_CACHE"] = tempfile.mkdtemp(prefix="oallama-test-cache-")
 
 
 def _synth(tmp_path_factory: pytest.TempPathFactory, preset: str, qtype: str, **kw: object) -> Path:
@@ -62,3 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(os.environ["OALLAMA_CACHE"], ignore_errors=True)

@@ -20,6 +20,7 @@ from .errors import (
     OallamaError,
     PlacementError,
     PlanError,
+    ProfileError,
     RpcServerError,
     UnknownDeviceError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "OallamaError",
     "PlacementError",
     "PlanError",
+    "ProfileError",
     "RpcServerError",
     "UnknownDeviceError",
 ]

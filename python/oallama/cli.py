@@ -23,6 +23,7 @@ _COMMAND_MODULES = [
     "oallama.rpc",
     "oallama.probe",
     "oallama.distributed",
+    "oallama.tp",
 ]
 
 

@@ -45,3 +45,24 @@ class BuildConfigError(OallamaError, RuntimeError):
 
 class ProfileError(OallamaError, RuntimeError):
     """An op could not be measured on a device."""
+
+
+class CollectiveError(OallamaError, RuntimeError):
+    """A collective operation, a rank process or a test-host network failed or timed out."""
+
+
+class WeaverError(OallamaError, RuntimeError):
+    """Weaver attention offload: a ring that cannot be created or reached, a closed receiver, or a
+    broken protocol invariant (oallama.weaver)."""
+
+
+class WeaverTimeoutError(WeaverError, TimeoutError):
+    """A Weaver post (ring full) or wait (task not completed) that ran past its timeout."""
+
+
+class WeaverTaskError(OallamaError, ValueError):
+    """A Weaver task the receiver refused or failed (bad sequence or position, corrupt payload)."""
+
+
+class InfeasiblePlanError(PlanError):
+    """No assignment satisfies the constraints; the message names the binding one."""

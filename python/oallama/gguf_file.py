@@ -168,7 +168,8 @@ def read(path: str | Path, *, check_size: bool = True) -> GGUFInfo:
         n_tensors = c.unpack("<Q", "tensor count")
         n_kv = c.unpack("<Q", "metadata count")
         if n_tensors > size or n_kv > size:
-            raise ModelFileError(f"{p}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+            raise ModelFileError(f"{p}: truncated or corrupt GGUF: its header lists {n_tensors} tensors and "
+                                 f"{n_kv} keys, which cannot fit in the file's {size} bytes")
         meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = c.string("metadata key")

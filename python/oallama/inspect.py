@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _core, gguf_file
-from .errors import ModelFileError
+from .errors import ModelFileError, PlanError
 
 TARGET_OPS = ("MUL_MAT", "MUL_MAT_ID")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -163,7 +163,11 @@ class GraphSession:
                  overrides: Sequence[tuple[str, str]] = (), n_ctx: int = 4096, n_ubatch: int = 512,
                  n_threads: int = 4, flash_attn: bool = False, op_offload: bool = True,
                  offload_policy: dict[str, int] | None = None, n_gpu_layers: int = 0) -> None:
+        from . import devices as devmod
+
         self.model = gguf_file.check_model(path)
+        if devices is not None:  # names RPC endpoints register here; unknown names raise
+            devices = [devmod.resolve(d).name for d in devices]
         try:
             self._s: Any = _core.Session(str(path), list(devices) if devices is not None else None,
                                          list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
@@ -171,7 +175,11 @@ class GraphSession:
         except RuntimeError as e:
             raise ModelFileError(str(e)) from None
         if offload_policy:
-            _core.set_offload_policy(self._s.context(), offload_policy)
+            try:
+                _core.set_offload_policy(self._s.context(), offload_policy)
+            except RuntimeError as e:
+                self._s.close()
+                raise PlanError(str(e)) from None
 
     def graph(self, n_tokens: int, n_outputs: int = 1) -> Graph:
         return Graph(n_tokens, _core.graph(self._s.context(), n_tokens, n_outputs))

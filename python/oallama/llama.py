@@ -169,14 +169,14 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
                                     progress=bool(kwargs.get("verbose", True)))
         plan = planmod.make_plan(ctx, placement, gpu_budget)
         return _from_plan_document(plan.to_json())
+    if isinstance(placement, str) and not Path(placement).suffix and not Path(placement).exists():
+        raise PlanError(f"placement '{placement}': not a plan file and not a strategy "
+                        f"({', '.join(planmod.STRATEGIES)})")
     if gpu_budget is not None:
         raise PlanError("gpu_budget= goes with placement='layers'|'affinity'|'optimal', not with a fixed placement")
     if placement is None or isinstance(placement, Mapping):
         return _LoadRequest(dict(placement) if placement is not None else None)
     if isinstance(placement, str | Path):
-        if isinstance(placement, str) and not Path(placement).suffix and not Path(placement).exists():
-            raise PlanError(f"placement '{placement}': not a plan file and not a strategy "
-                            f"({', '.join(planmod.STRATEGIES)})")
         doc = planmod.read_plan(placement, model)
         if doc.get("schema") == planmod.SCHEMA:
             return _from_plan_document(doc)
@@ -210,7 +210,16 @@ class Llama(llama_cpp.Llama):
         with _model_params_hook(self._native_load_params):
             super().__init__(model_path, *args, **kwargs)
         if req.offload_policy:
-            _core.set_offload_policy(self._context_address(), req.offload_policy)
+            try:
+                _core.set_offload_policy(self._context_address(), req.offload_policy)
+            except RuntimeError as e:
+                self.close()
+                raise PlanError(str(e)) from None
+
+    def close(self) -> None:
+        # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then
+        if hasattr(self, "_stack"):
+            super().close()
 
     def _context_address(self) -> int:
         ctx = getattr(getattr(self, "_ctx", None), "ctx", None)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import highspy
@@ -99,11 +99,13 @@ class _Program:
     def leq_const(self, e: _Lin, bound: float) -> None:
         self.rows.append((dict(e.t), -math.inf, bound - e.c))
 
-    def solve(self, time_limit: float) -> tuple[str, np.ndarray, float]:
+    def solve(self, time_limit: float, cutoff: float | None = None) -> tuple[str, np.ndarray, float]:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit))
-        h.setOptionValue("mip_rel_gap", 1e-9)
+        if cutoff is not None:  # only solutions better than this matter (another mode's optimum)
+            h.setOptionValue("objective_bound", float(cutoff - self.offset))
+        h.setOptionValue("mip_rel_gap", 1e-6)
         n = len(self.lb)
         inf = highspy.kHighsInf
         h.addVars(n, np.array(self.lb), np.array([inf if math.isinf(u) else u for u in self.ub]))
@@ -138,17 +140,22 @@ class Solution:
     n_rows: int
     status: str
     stream_batches: dict[str, list[int]] = field(default_factory=dict)  # host weight -> batches streamed
+    build_s: float = 0.0  # seconds building the program (the rest of solve_s is HiGHS)
 
 
 def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[str, int],
           kv_bytes: Mapping[int, int], budget: int, reserve: int = 0, full: bool = False,
-          stream: bool = True, fixed: Mapping[str, bool] | None = None, time_limit: float = 60.0) -> Solution | None:
+          stream: bool = True, fixed: Mapping[str, bool] | None = None, no_stream: Collection[str] = (),
+          time_limit: float = 60.0, cutoff_us: float | None = None) -> Solution | None:
     """Best placement for passes [(model, weight)] within `budget` accelerator bytes.
 
     reserve: compute-buffer bytes the accelerator needs as soon as anything runs there.
     full: every layer on the accelerator (n_gpu_layers = n_layer + 1); else some layers stay.
-    stream: allow streaming host weights (per-weight op offload); fixed: weight -> on_acc forced.
-    Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it).
+    stream: allow streaming host weights (per-weight op offload); fixed: weight -> on_acc forced;
+    no_stream: weights that must not be streamed.
+    cutoff_us: only look for solutions better than this objective (us), e.g. another mode's optimum.
+    Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it), or
+    nothing beats the cutoff.
     """
     t0 = time.perf_counter()
     pm0 = passes[0][0]
@@ -177,7 +184,8 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
         for pm, _ in passes:
             for i in pm.order:
                 k = pm.kinds[full][i]
-                if k[0] == "w" and k[2] and (k[1], k[4]) not in s and not fixed.get(k[1], False):
+                if (k[0] == "w" and k[2] and (k[1], k[4]) not in s and not fixed.get(k[1], False)
+                        and k[1] not in no_stream):
                     s[(k[1], k[4])] = prog.var(0.0, 1.0, integer=True)
         for (w, _), v in s.items():
             prog.geq(_Lin(1, {x[w]: -1}), _Lin(0, {v: 1}))  # s <= 1 - x
@@ -313,9 +321,10 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
         return None
     prog.leq_const(mem, float(budget))
 
-    status, sol, obj = prog.solve(time_limit)
+    t_build = time.perf_counter() - t0
+    status, sol, obj = prog.solve(time_limit, cutoff_us)
     elapsed = time.perf_counter() - t0
-    if not math.isfinite(obj):
+    if not math.isfinite(obj) or (cutoff_us is not None and obj >= cutoff_us * (1 - 1e-9)):
         return None
     on_acc = frozenset(w for w in weights if sol[x[w]] > 0.5)
     kv_layers = n_layer if full else round(sum(sol[v] for v in kv.values()))
@@ -326,4 +335,4 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     # every host weight gets an explicit policy: the smallest batch it streams at, else never
     min_batch = {w: (min(streamed[w]) if w in streamed else NEVER) for w in weights if w not in on_acc}
     return Solution(Placement(on_acc, kv_layers, min_batch), obj, elapsed, len(prog.lb), len(prog.rows), status,
-                    {w: sorted(b) for w, b in streamed.items()})
+                    {w: sorted(b) for w, b in streamed.items()}, t_build)

@@ -448,9 +448,10 @@ def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool) -> tuple[
 def _optimal(ctx: PlanContext, budget: int, reserve: int) -> tuple[Placement, dict[str, Any]]:
     passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
     best: optimal.Solution | None = None
+    # partial offload first; full offload (every layer's KV on the accelerator) only where it beats that
     for full in (False, True):
         sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
-                            reserve=reserve, full=full)
+                            reserve=reserve, full=full, cutoff_us=best.objective_us if best else None)
         if sol is not None and (best is None or sol.objective_us < best.objective_us):
             best = sol
     if best is None:

@@ -108,6 +108,12 @@ def split_placement(model: gguf_file.GGUFInfo, device: str, how: str) -> dict[st
 # --- CLI ------------------------------------------------------------------------------------
 
 
+def _uses_mmap(llm: Any) -> bool:
+    import llama_cpp
+
+    return llm.model_params.load_mode in (llama_cpp.LLAMA_LOAD_MODE_MMAP, llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from . import rpc
     from .llama import Llama
@@ -133,7 +139,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"output: {gen.text!r}")
         print(f"TTFT {gen.ttft_s * 1e3:.1f} ms   TPOT {gen.tpot_s * 1e3:.2f} ms/token   "
               f"{len(gen.tokens)} tokens in {gen.e2e_s:.3f} s   (threads={llm.n_threads}, "
-              f"mmap={llm.model_params.load_mode != 0})")
+              f"mmap={_uses_mmap(llm)})")
         llm.close()
     finally:
         if server is not None:

@@ -386,12 +386,16 @@ class _Progress:
 
 
 def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str = "q8_0", *, seed: int = 0,
-                n_layer: int | None = None, progress: bool = True) -> Path:
+                n_layer: int | None = None, progress: bool = True, shape_only: bool = False) -> Path:
     """Write a synthetic GGUF of `preset`'s shape, quantized like llama-quantize's `qtype`.
 
     Same arguments -> byte-identical file. `n_layer` overrides the layer count (real per-layer
     shapes, fewer layers). The file appears atomically: it is written beside `path` under a
     temporary name and renamed at the end.
+
+    shape_only: leave every tensor's data zero, as a sparse file (instant, no disk used). The
+    file is complete and loads; llama.cpp's metadata-only loads (inspect, plan) never read the
+    data, so a 32B-shaped model can be planned for without writing 20 GB. Not for inference.
     """
     p = _preset(preset)
     ftype = _ftype(qtype)
@@ -433,6 +437,12 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
         f = w.fout[0]
         align = w.data_alignment
         done = 0
+        if shape_only:
+            f.flush()
+            start = f.tell() + (-f.tell() % align)
+            end = start + sum(-(-t.nbytes // align) * align for t in plan)
+            os.truncate(tmp, end)  # zeros, as a hole
+            plan = []
         for i, t in enumerate(plan, 1):
             f.write(b"\0" * (-f.tell() % align))  # tensor data starts aligned (GGUFWriter does the same)
             n = 0
@@ -443,7 +453,8 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
             if n != t.nbytes:
                 raise AssertionError(f"{t.name}: wrote {n} bytes, expected {t.nbytes}")
             done += n
-        f.write(b"\0" * (-f.tell() % align))
+        if plan:
+            f.write(b"\0" * (-f.tell() % align))
         w.close()
         os.replace(tmp, path)
     except BaseException:
@@ -462,7 +473,7 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
 def _cmd_synth(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     path = write_model(args.output, args.preset, args.type, seed=args.seed, n_layer=args.layers,
-                       progress=not args.quiet)
+                       progress=not args.quiet, shape_only=args.shape_only)
     dt = time.perf_counter() - t0
     from .gguf_file import read
 
@@ -492,4 +503,6 @@ def register(subparsers: Any) -> None:
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--layers", type=int, default=None, metavar="N", help="override the layer count")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    ap.add_argument("--shape-only", action="store_true",
+                    help="zero (sparse) tensor data: instant; for inspect/plan at full size, not for inference")
     ap.set_defaults(func=_cmd_synth)

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: how long planning takes for a full-size model (issue 3's targets: a 32B-shaped
+model planned in < 1 s with `affinity` and < 5 s with `optimal`).
+
+The model is a shape-only synthetic GGUF (real shapes and quantization mix, zero data: planning
+never reads weights). The accelerator is the first GPU, else a loopback rpc-server. Timings
+are split into the planning algorithm itself and the verification of the plan's memory with
+llama.cpp's own accounting (metadata-only loads). The profile is measured once (cached).
+
+    python scripts/bench_plan.py --preset qwq-32b --budget 50% [--reps 3] [-o bench/results/...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import oallama  # noqa: F401
+from oallama import devices, optimal, plan, rpc, synthetic
+from oallama.profile import _cpu_name, build_info
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="qwq-32b")
+    ap.add_argument("--type", default="q4_k_m")
+    ap.add_argument("--budget", default="50%")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model-dir", default="build/bench-models")
+    ap.add_argument("-o", "--out", default=None, help="results directory (default bench/results/<date>-<machine>/plan)")
+    args = ap.parse_args()
+
+    model = Path(args.model_dir) / f"{args.preset}-{args.type}-shape.gguf"
+    model.parent.mkdir(parents=True, exist_ok=True)
+    if not model.exists():
+        synthetic.write_model(model, args.preset, args.type, shape_only=True, progress=False)
+    server = None
+    acc = devices.default_accelerator()
+    if acc is None or acc.kind == "rpc":
+        server = rpc.start_server(threads=args.threads or 1)
+        acc = devices.resolve(server.device_name)
+    try:
+        wl = plan.Workload(args.prompt, args.gen, "e2e")
+        t0 = time.perf_counter()
+        ctx = plan.build_context(model, acc.name, wl, threads=args.threads, progress=True)
+        context_s = time.perf_counter() - t0
+        rows = []
+        budget = plan.parse_budget(args.budget, ctx.model.weight_bytes)
+        passes = [(ctx.passes[n], w) for n, w in wl.pass_weights().items()]
+        for strategy in plan.STRATEGIES:
+            algo, total = [], []
+            for _ in range(args.reps):
+                t1 = time.perf_counter()
+                if strategy == "affinity":
+                    plan.place_affinity(ctx, budget)
+                elif strategy == "optimal":
+                    for full in (False, True):
+                        optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
+                                      full=full)
+                else:
+                    plan.place_layers(ctx, 1)
+                algo.append(time.perf_counter() - t1)
+                t2 = time.perf_counter()
+                p = plan.make_plan(ctx, strategy, args.budget)
+                total.append(time.perf_counter() - t2)
+            rows.append({"strategy": strategy, "algorithm_s_median": statistics.median(algo),
+                         "algorithm_s_stdev": statistics.stdev(algo) if len(algo) > 1 else 0.0,
+                         "with_memory_check_s_median": statistics.median(total),
+                         "with_memory_check_s_stdev": statistics.stdev(total) if len(total) > 1 else 0.0,
+                         "n": args.reps, "predicted_e2e_ms": p.predicted["e2e_ms"],
+                         "predicted_ttft_ms": p.predicted["ttft_ms"], "predicted_tpot_ms": p.predicted["tpot_ms"],
+                         "acc_MiB": p.memory["total"] / 2**20, "budget_MiB": budget / 2**20,
+                         "extra": {k: v for k, v in p.extra.items() if k in ("vars", "rows", "solve_seconds",
+                                                                           "rounds", "n_gpu_layers", "attempts")}})
+            print(f"{strategy:9s} algorithm {rows[-1]['algorithm_s_median']:.3f} s, with memory checks "
+                  f"{rows[-1]['with_memory_check_s_median']:.3f} s", file=sys.stderr)
+        record = {"benchmark": "plan_time", "model": {"preset": args.preset, "type": args.type,
+                                                      "n_layer": ctx.n_layer, "target_ops": sum(
+                                                          len(pm.t_host) for pm in ctx.passes.values()),
+                                                      "weight_GiB": ctx.model.weight_bytes / 2**30},
+                  "device": {"accelerator": acc.name, "kind": acc.kind, "cpu": _cpu_name(),
+                             "machine": platform.node()},
+                  "settings": ctx.settings, "workload": {"prompt": wl.prompt, "gen": wl.gen, "objective": "e2e"},
+                  "build": build_info(), "context_build_s": context_s, "profile_s": ctx.profile.elapsed_s,
+                  "results": rows}
+        out = Path(args.out or f"bench/results/{date.today()}-{platform.node()}/plan")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"plan_time_{args.preset}.json").write_text(json.dumps(record, indent=1))
+        md = [f"# Planning time, {args.preset} {args.type} ({ctx.n_layer} layers, "
+              f"{ctx.model.weight_bytes / 2**30:.1f} GiB), budget {args.budget}",
+              "", f"Machine: {_cpu_name()}, accelerator {acc.name} ({acc.kind}); threads {ctx.settings['threads']}; "
+              f"llama.cpp {build_info()['llama_cpp_commit'][:9]}; median of {args.reps}.", "",
+              "| strategy | algorithm s | with memory checks s | predicted TTFT ms | predicted TPOT ms | on acc MiB |",
+              "|---|---|---|---|---|---|"]
+        for r in rows:
+            md.append(f"| {r['strategy']} | {r['algorithm_s_median']:.3f} ± {r['algorithm_s_stdev']:.3f} | "
+                      f"{r['with_memory_check_s_median']:.2f} ± {r['with_memory_check_s_stdev']:.2f} | "
+                      f"{r['predicted_ttft_ms']:.1f} | {r['predicted_tpot_ms']:.1f} | {r['acc_MiB']:.0f} |")
+        (out / f"plan_time_{args.preset}.md").write_text("\n".join(md) + "\n")
+        print("\n".join(md))
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

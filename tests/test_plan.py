@@ -1,0 +1,302 @@
+"""The planner: budgets, the scheduler model against ggml's real scheduler, the exact MILP
+against brute force, the paper's Algorithm 1 on a hand-computed example, and the whole
+inspect -> profile -> plan -> load flow on an rpc-server device."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oallama import BudgetError, Llama, PlanError, UnknownDeviceError, devices, optimal, rpc
+from oallama.inspect import GraphSession
+from oallama.place import compile_patterns
+from oallama.plan import (
+    STRATEGIES,
+    Workload,
+    affinity_order,
+    build_context,
+    make_plan,
+    parse_budget,
+)
+from oallama.profile import Profile
+from oallama.schedmodel import HOST, NEVER, PassModel, Placement
+
+GiB, MiB = 2**30, 2**20
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("12GiB", 12 * GiB), ("512MiB", 512 * MiB), ("1.5GiB", int(1.5 * GiB)), ("8000000000", 8_000_000_000),
+    ("100%", 1000), ("50%", 500), ("12.5%", 125), (4096, 4096)])
+def test_budget_parses(text: str | int, expected: int) -> None:
+    assert parse_budget(text, 1000) == expected
+
+
+@pytest.mark.parametrize("text", ["12 GB", "12GB", "12 GiB", "150%", "0%", "-5%", "-1", "0", 0, -3, "lots", "",
+                                  "12TB", True, 1.5])
+def test_budget_rejects_with_a_clear_error(text: object) -> None:
+    with pytest.raises(BudgetError, match="budget"):
+        parse_budget(text, 1000)  # type: ignore[arg-type]
+
+
+def test_budget_error_explains_decimal_units() -> None:
+    with pytest.raises(BudgetError, match=r"binary units.*12GiB"):
+        parse_budget("12 GB", 1000)
+
+
+def test_workload_checks_its_fields() -> None:
+    with pytest.raises(PlanError, match="objective 'fast'"):
+        Workload(objective="fast")
+    assert Workload(prompt=700, n_ubatch=512).ubatches() == [512, 188]
+    assert Workload(prompt=64, gen=10).pass_weights() == {64: 1.0, 1: 9.0}
+    assert Workload(prompt=64, gen=10, objective="tpot").pass_weights() == {1: 1.0}
+
+
+# --- the scheduler model is ggml's scheduler ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def shape_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Metadata-complete models with real shapes (zero data: graphs and scheduling only)."""
+    from oallama import synthetic
+
+    d = tmp_path_factory.mktemp("shape")
+    out = {}
+    for preset, qtype in [("tiny", "f16"), ("tiny", "q4_k_m"), ("qwq-32b", "q4_k_m"), ("minicpm3-4b", "q4_k_m")]:
+        out[f"{preset}-{qtype}"] = synthetic.write_model(d / f"{preset}-{qtype}.gguf", preset, qtype, n_layer=2,
+                                                         shape_only=True, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("n_tokens", [1, 40])
+@pytest.mark.parametrize("model", ["tiny-f16", "tiny-q4_k_m", "qwq-32b-q4_k_m", "minicpm3-4b-q4_k_m"])
+def test_sched_model_matches_the_real_scheduler(shape_models: dict[str, Path], rpc_server: rpc.RpcServer,
+                                                model: str, n_tokens: int) -> None:
+    path, acc = shape_models[model], rpc_server.device_name
+    devices.resolve(acc)
+    kw = {"devices": [acc], "n_ctx": 256, "n_ubatch": 64}
+    with GraphSession(path, **kw) as s:
+        base = s.graph(n_tokens)
+    with GraphSession(path, n_gpu_layers=3, **kw) as s:
+        full = s.graph(n_tokens)
+    pm = PassModel(base, None, acc, n_layer=2, full_graph=full)
+    weights = sorted(pm.weights)
+    rng = random.Random(f"{model}-{n_tokens}")
+    for trial in range(6):
+        on = frozenset(w for w in weights if rng.random() < 0.5)
+        policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
+        p = Placement(on, [0, 1, 2][trial % 3], policy)
+        assign = {w: (acc if w in on else HOST) for w in weights}
+        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
+                          n_gpu_layers=p.n_gpu_layers, **kw) as s:
+            real = s.graph(n_tokens)
+        model_dev = pm.assign(p)
+        wrong = [(real.nodes[i].name, real.nodes[i].op, real.nodes[i].backend) for i in pm.order
+                 if (real.nodes[i].backend == acc) != model_dev[i]]
+        assert not wrong, f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}"
+
+
+# --- planning contexts --------------------------------------------------------------------------
+
+WORKLOAD = Workload(prompt=40, gen=8, objective="e2e", n_ubatch=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_f16(synth_model) -> Path:
+    return synth_model("tiny", "f16", n_layer=2)
+
+
+@pytest.fixture(scope="session")
+def measured_ctx(tiny_f16: Path, rpc_server: rpc.RpcServer):
+    from oallama.profile import profile_model
+
+    prof = profile_model(tiny_f16, [HOST, rpc_server.device_name], threads=1, repeats=2, progress=False)
+    return build_context(tiny_f16, rpc_server.device_name, WORKLOAD, profile=prof, threads=1, progress=False)
+
+
+def favourable(prof: Profile, acc: str, speedup: float = 20.0) -> Profile:
+    """The measured profile with the accelerator made `speedup` x faster and its links cheap:
+    what a GPU beside a slow CPU looks like, so that plans put real work on the rpc-server."""
+    p = copy.deepcopy(prof)
+    for stats in p.ops[acc].values():
+        stats["median_us"] /= speedup
+    for link in p.links[acc].values():
+        link.latency_us, link.bytes_per_us = 5.0, 10_000.0
+    p.devices[acc]["launch_us"] = 5.0
+    return p
+
+
+@pytest.fixture(scope="session")
+def fast_ctx(tiny_f16: Path, rpc_server: rpc.RpcServer, measured_ctx):
+    prof = favourable(measured_ctx.profile, rpc_server.device_name)
+    return build_context(tiny_f16, rpc_server.device_name, WORKLOAD, profile=prof, threads=1, progress=False)
+
+
+# --- the MILP is exact --------------------------------------------------------------------------
+
+
+def _objective(ctx, p: Placement) -> float:
+    return sum(w * ctx.passes[n].cost(p).total_us for n, w in ctx.workload.pass_weights().items())
+
+
+@pytest.mark.parametrize("budget_share", [0.3, 0.7])
+@pytest.mark.parametrize("which", ["fast", "measured"])
+def test_optimal_equals_brute_force(which: str, budget_share: float, fast_ctx, measured_ctx) -> None:
+    ctx = fast_ctx if which == "fast" else measured_ctx
+    free = ["blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight",
+            "output.weight"]
+    others = [w for w in ctx.weight_bytes if w not in free]
+    budget = int(budget_share * sum(ctx.weight_bytes[w] for w in free)) + ctx.kv_bytes[1]
+    passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
+    batches = sorted({k[4] for pm, _ in passes for k in pm.kinds[False].values() if k[0] == "w" and k[2]})
+    # each free weight: on the accelerator, or on the host streamed from some batch on, or never
+    options = ["acc", NEVER, *batches]
+    best = None
+    for kv in (0, 1):
+        for combo in itertools.product(options, repeat=len(free)):
+            on = frozenset(w for w, o in zip(free, combo, strict=True) if o == "acc")
+            # a streamed weight needs room for its copy in the accelerator's compute buffer
+            stream = max((ctx.weight_bytes[w] for w, o in zip(free, combo, strict=True) if o not in ("acc", NEVER)),
+                         default=0)
+            if sum(ctx.weight_bytes[w] for w in on) + sum(ctx.kv_bytes[i] for i in range(2 - kv, 2)) + stream > budget:
+                continue
+            policy = {w: o for w, o in zip(free, combo, strict=True) if o != "acc"}
+            policy.update({w: NEVER for w in others})
+            cost = _objective(ctx, Placement(on, kv, policy))
+            if best is None or cost < best[0]:
+                best = (cost, on, kv)
+    sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
+                        fixed={w: False for w in others}, no_stream=others)
+    assert sol is not None and best is not None
+    assert sol.objective_us == pytest.approx(best[0], rel=1e-6, abs=1e-6)
+    assert _objective(ctx, sol.placement) == pytest.approx(sol.objective_us, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["25%", "50%", "75%", "100%"])
+@pytest.mark.parametrize("which", ["fast", "measured"])
+def test_strategies_respect_the_budget_and_optimal_is_never_worse(which: str, budget: str, fast_ctx,
+                                                                   measured_ctx) -> None:
+    ctx = fast_ctx if which == "fast" else measured_ctx
+    limit = parse_budget(budget, ctx.model.weight_bytes)
+    plans = {}
+    for s in STRATEGIES:
+        plans[s] = make_plan(ctx, s, budget, candidates=list(plans.values()))
+        # llama.cpp's own accounting of the load (weights, KV, compute buffers on the accelerator)
+        assert plans[s].memory["total"] <= limit, s
+    best_baseline = min(plans["layers"].predicted["e2e_ms"], plans["affinity"].predicted["e2e_ms"])
+    assert plans["optimal"].predicted["e2e_ms"] <= best_baseline + 1e-9
+
+
+# --- the paper's Algorithm 1, by hand ------------------------------------------------------------
+
+
+def test_affinity_reproduces_a_hand_computed_example() -> None:
+    # (name, T_c us, T_g us, M bytes):  B = (Tc - Tg) / M  ->  A 2, B 4, C 1, D 2
+    ops = [("A", 10.0, 2.0, 4), ("B", 9.0, 1.0, 2), ("C", 5.0, 4.0, 1), ("D", 8.0, 6.0, 1)]
+    # normalised G: B 1, A 1/3, D 1/3, C 0 -> order B, A, D, C (ties by name); limit 0.9 * 7.8 = 7.02:
+    # B + A + D = 7 fit, C would make 8.  Then T': B pays 7 us of copies whenever A is on the GPU:
+    # B -> (9 - 1 - 7) / 2 = 0.5; G: A 1, D 1, C 1/3, B 0 -> order A, D, C, B; fill A + D + C = 6,
+    # B would make 8. Round 2 sees the same T' (A still on the GPU): the order is stable.
+    seen = []
+
+    def transfer(on: frozenset[str]) -> dict[str, float]:
+        seen.append(on)
+        return {"B": 7.0 if "A" in on else 0.0}
+
+    order, on, rounds = affinity_order(ops, 0.9 * 7.8, transfer)
+    assert seen == [frozenset("ABD"), frozenset("ACD")]
+    assert order == ["A", "D", "C", "B"]
+    assert on == frozenset("ACD")
+    assert rounds == 2
+
+
+# --- inspect -> profile -> plan -> load ---------------------------------------------------------
+
+
+def _nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a - b) ** 2).sum() / (b**2).sum())
+
+
+@pytest.fixture(scope="session")
+def cpu_reference(tiny_f16: Path):
+    llm = Llama(str(tiny_f16), n_ctx=256, n_ubatch=64, n_threads=1, verbose=False, logits_all=True)
+    prompt = llm.tokenize(b"Once upon a time, in a land far away, there lived" * 2)
+    llm.eval(prompt)
+    ref = np.array(llm.scores[: len(prompt)])
+    text = llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"]
+    llm.close()
+    return prompt, ref, text
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_flow_on_an_rpc_device_matches_cpu(strategy: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx,
+                                          cpu_reference, tmp_path: Path) -> None:
+    prompt, ref, text = cpu_reference
+    llm = Llama(str(tiny_f16), gpu_budget="60%", placement=strategy, device=rpc_server.device_name,
+                workload=WORKLOAD, profile=fast_ctx.profile, n_ctx=256, n_ubatch=64, n_threads=1, verbose=False,
+                logits_all=True)
+    plan = llm.plan
+    assert plan is not None and plan["strategy"] == strategy
+    on_acc = {w for w, d in plan["placement"].items() if d == rpc_server.device_name}
+    assert on_acc, "the favourable profile should put weights on the rpc device"
+    assert {w for w, d in llm.tensor_devices().items() if d == rpc_server.device_name} == on_acc
+    policy = {w: b for w, b in plan["offload_min_batch"].items()}
+    assert {w for w in llm.offload_policy()} == set(policy)
+    llm.eval(prompt)
+    assert _nmse(np.array(llm.scores[: len(prompt)]), ref) < 1e-4
+    llm.reset()
+    assert llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"] == text
+    # the plan file reproduces the same load
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    llm.close()
+    again = Llama(str(tiny_f16), placement=str(path), n_ctx=256, n_ubatch=64, n_threads=1, verbose=False)
+    assert {w for w, d in again.tensor_devices().items() if d == rpc_server.device_name} == on_acc
+    assert again.plan == plan
+    again.close()
+
+
+def test_plan_file_for_another_model_is_refused(fast_ctx, synth_model, tmp_path: Path) -> None:
+    plan = make_plan(fast_ctx, "affinity", "50%")
+    path = plan.save(tmp_path / "plan.json")
+    other = synth_model("tiny", "q8_0")
+    with pytest.raises(PlanError, match=r"plan was made for model .* not tiny-q8_0\.gguf"):
+        Llama(str(other), placement=str(path), verbose=False)
+
+
+def test_plan_on_missing_devices_is_refused(fast_ctx, tiny_f16: Path, tmp_path: Path) -> None:
+    doc = make_plan(fast_ctx, "optimal", "50%").to_json()
+    gone = rpc.start_server(threads=1)
+    gone.stop()
+    for dev, error in ((gone.device_name, "cannot reach rpc-server"), ("CUDA7", "unknown device 'CUDA7'")):
+        bad = json.loads(json.dumps(doc).replace(fast_ctx.acc, dev))
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises((UnknownDeviceError, oallama_errors().RpcServerError), match=error):
+            Llama(str(tiny_f16), placement=str(path), verbose=False)
+
+
+def oallama_errors():
+    import oallama.errors
+
+    return oallama.errors
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"placement": "optimal"}, "needs gpu_budget"),
+    ({"placement": "fastest", "gpu_budget": "50%"}, "not a plan file and not a strategy"),
+    ({"placement": {"output.weight": "CPU"}, "gpu_budget": "50%"}, "gpu_budget= goes with placement="),
+    ({"gpu_budget": "12 GB", "device": "__acc__"}, "binary units"),
+])
+def test_bad_plan_arguments(kwargs: dict, error: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx) -> None:
+    kwargs = {k: (rpc_server.device_name if v == "__acc__" else v) for k, v in kwargs.items()}
+    with pytest.raises((PlanError, BudgetError), match=error):
+        Llama(str(tiny_f16), profile=fast_ctx.profile, workload=WORKLOAD, n_ubatch=64, verbose=False, **kwargs)

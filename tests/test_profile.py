@@ -1,0 +1,88 @@
+"""The profiler: one-op graphs on each device, host<->device links, a keyed cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oallama import ProfileError, rpc
+from oallama.inspect import TargetOp, inventory
+from oallama.profile import Link, Profile, Settings, profile_model, signatures
+
+
+@pytest.fixture(scope="session")
+def prof(synth_model, rpc_server: rpc.RpcServer) -> Profile:
+    return profile_model(synth_model("tiny", "q8_0"), ["CPU", rpc_server.device_name], threads=1,
+                         n_tokens=(1, 32), repeats=3, progress=False)
+
+
+def test_every_signature_is_measured_on_every_device(prof: Profile, synth_model, rpc_server: rpc.RpcServer) -> None:
+    inv = inventory(synth_model("tiny", "q8_0"), (1, 32))
+    for (op, wtype, shape), ns in signatures(inv).items():
+        for dev in ("CPU", rpc_server.device_name):
+            for n in ns:
+                st = prof.ops[dev][Profile.op_key(op, wtype, shape, n)]
+                assert st["n"] == 3 and 0 < st["min_us"] <= st["median_us"] <= st["max_us"]
+                assert st["stdev_us"] >= 0 and st["buffer_type"]
+    assert prof.ops["CPU"] and prof.settings.threads == 1
+    link = prof.links[rpc_server.device_name]
+    assert link["h2d"].bytes_per_us > 0 and link["d2h"].bytes_per_us > 0
+    assert prof.devices[rpc_server.device_name]["launch_us"] > 0
+
+
+def test_cache_is_reused_when_everything_matches(prof: Profile, synth_model, rpc_server: rpc.RpcServer) -> None:
+    again = profile_model(synth_model("tiny", "q8_0"), ["CPU", rpc_server.device_name], threads=1,
+                          n_tokens=(1, 32), repeats=3, progress=False)
+    assert again.key == prof.key and again.created == prof.created  # read back, not measured
+    other = profile_model(synth_model("tiny", "q8_0"), ["CPU"], threads=2, n_tokens=(1, 32), repeats=2,
+                          progress=False)
+    assert other.key != prof.key  # other devices and threads: another profile
+
+
+def test_loopback_server_on_another_port_reuses_the_profile(prof: Profile, synth_model) -> None:
+    with rpc.start_server(threads=1) as second:
+        again = profile_model(synth_model("tiny", "q8_0"), ["CPU", second.device_name], threads=1,
+                              n_tokens=(1, 32), repeats=3, progress=False)
+        assert again.key == prof.key and second.device_name in again.ops
+
+
+def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:
+    p = prof.save(tmp_path / "p.json")
+    back = Profile.load(p)
+    assert back.ops == prof.ops and back.key == prof.key and back.settings == prof.settings
+    assert json.loads(p.read_text())["schema"] == "oallama.profile/1"
+
+
+def test_bad_profile_files(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="no such profile"):
+        Profile.load(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(ProfileError, match="not JSON"):
+        Profile.load(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"schema": "other"}')
+    with pytest.raises(ProfileError, match="not an oallama profile"):
+        Profile.load(tmp_path / "y.json")
+
+
+def test_op_time_interpolates_between_measured_column_counts() -> None:
+    key = Profile.op_key
+    ops = {"CPU": {key("MUL_MAT", "q8_0", (64, 64), 1): {"median_us": 10.0},
+                   key("MUL_MAT", "q8_0", (64, 64), 32): {"median_us": 41.0}}}
+    p = Profile("k", "s", {"CPU": {}}, Settings(1), {}, ops, {})
+
+    def op(n: int) -> TargetOp:
+        return TargetOp(0, "x", "MUL_MAT", "w", "q8_0", (64, 64), 1, 0, n, 0, 0, 0, (), ())
+
+    assert p.op_time_us("CPU", op(1)) == 10.0
+    assert p.op_time_us("CPU", op(11)) == pytest.approx(20.0)
+    assert p.op_time_us("CPU", op(63)) == pytest.approx(72.0)  # extrapolated along the last segment
+    with pytest.raises(ProfileError, match="no measurements for device GPU"):
+        p.op_time_us("GPU", op(1))
+
+
+def test_link_fit() -> None:
+    link = Link.fit([(1000, 12.0), (2000, 14.0), (4000, 18.0)])
+    assert link.latency_us == pytest.approx(10.0) and link.bytes_per_us == pytest.approx(500.0)
+    assert link.time_us(0) == 0.0 and link.time_us(500) == pytest.approx(11.0)
