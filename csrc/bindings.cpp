@@ -54,6 +54,12 @@ public:
     explicit Session(const oallama_session_params & p) : s_(oallama_session_init(p)) {}
     ~Session() { close(); }
     void close() { oallama_session_free(s_); s_ = nullptr; }
+    uintptr_t model() const {
+        if (s_ == nullptr) {
+            throw std::runtime_error("session is closed");
+        }
+        return reinterpret_cast<uintptr_t>(llama_get_model(oallama_session_get_context(s_)));
+    }
     uintptr_t context() const {
         if (s_ == nullptr) {
             throw std::runtime_error("session is closed");
@@ -174,7 +180,28 @@ PYBIND11_MODULE(_core, m) {
              py::arg("n_gpu_layers") = 0, py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_ubatch") = 512,
              py::arg("n_threads") = 4, py::arg("flash_attn") = false, py::arg("op_offload") = true, py::arg("verbose") = false)
         .def("close", &Session::close)
-        .def("context", &Session::context, "llama_context of the session, as an integer address");
+        .def("context", &Session::context, "llama_context of the session, as an integer address")
+        .def("model", &Session::model, "llama_model of the session, as an integer address");
+
+#if OALLAMA_HAVE_FIT
+    m.def("fit_params", [](const std::string & path, const std::vector<std::string> & devices,
+                           const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
+                           bool flash_attn) {
+        oallama_fit_result r;
+        {
+            py::gil_scoped_release release;
+            r = oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn);
+        }
+        py::dict d;
+        d["fits"] = r.fits;
+        d["n_gpu_layers"] = r.n_gpu_layers;
+        d["n_ctx"] = r.n_ctx;
+        d["overrides"] = r.overrides;
+        return d;
+    }, py::arg("path"), py::arg("devices"), py::arg("margins"), py::arg("n_ctx"), py::arg("n_batch") = 512,
+       py::arg("n_ubatch") = 512, py::arg("flash_attn") = false,
+       "llama.cpp's automatic fit (common_fit_params) leaving margins[i] bytes free on devices[i].");
+#endif
 
     m.def("graph", [](uintptr_t ctx, uint32_t n_tokens, uint32_t n_outputs) {
         oallama_graph g;

@@ -23,30 +23,6 @@ struct oallama_session {
     std::vector<llama_model_tensor_buft_override> overrides;       // {NULL, NULL}-terminated
 };
 
-static void quiet_log(ggml_log_level level, const char * text, void *) {
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
-}
-
-// llama.cpp logs every graph reservation in detail; keep errors only while we build ours
-struct log_guard {
-    ggml_log_callback prev_cb = nullptr;
-    void * prev_ud = nullptr;
-    bool active;
-    explicit log_guard(bool quiet) : active(quiet) {
-        if (active) {
-            llama_log_get(&prev_cb, &prev_ud);
-            llama_log_set(quiet_log, nullptr);
-        }
-    }
-    ~log_guard() {
-        if (active) {
-            llama_log_set(prev_cb, prev_ud);
-        }
-    }
-};
-
 oallama_session * oallama_session_init(const oallama_session_params & p) {
     auto s = std::make_unique<oallama_session>();
 
@@ -69,7 +45,7 @@ oallama_session * oallama_session_init(const oallama_session_params & p) {
     s->overrides.push_back({nullptr, nullptr});
     mp.tensor_buft_overrides = s->overrides.size() > 1 ? s->overrides.data() : nullptr;
 
-    log_guard quiet(!p.verbose);
+    oallama_quiet_log quiet(!p.verbose);
     s->model = llama_model_load_from_file(p.path.c_str(), mp);
     if (s->model == nullptr) {
         throw std::runtime_error("llama.cpp could not load " + p.path + " (metadata only)");
@@ -161,7 +137,7 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
         throw std::runtime_error("oallama_context_build_graph: n_tokens " + std::to_string(n_tokens) +
                                  " exceeds the context's n_ubatch " + std::to_string(llama_n_ubatch(ctx)));
     }
-    log_guard quiet(true);
+    oallama_quiet_log quiet(true);
     llama_memory_context_ptr mctx;
     if (llama_memory_t mem = ctx->get_memory()) {
         mctx = mem->init_full();
@@ -307,7 +283,7 @@ void oallama_context_set_offload_policy(llama_context * ctx, const std::map<std:
         llama_set_op_offload_min_batch(ctx, it->second, n);
     }
     // size the compute buffers for the splits the policy makes
-    log_guard quiet(true);
+    oallama_quiet_log quiet(true);
     llama_sched_reserve(ctx);
 }
 

@@ -29,11 +29,38 @@
 #include "llama.h"
 
 #include <array>
+#include <cstdio>
 #include <climits>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+// Keep llama.cpp's and ggml's logs to errors while in scope (their detail is not for our users).
+struct oallama_quiet_log {
+    ggml_log_callback llama_cb = nullptr, ggml_cb = nullptr;
+    void * llama_ud = nullptr, * ggml_ud = nullptr;
+    bool active;
+    explicit oallama_quiet_log(bool quiet = true) : active(quiet) {
+        if (active) {
+            llama_log_get(&llama_cb, &llama_ud);
+            ggml_log_get(&ggml_cb, &ggml_ud);
+            llama_log_set(errors_only, nullptr);
+            ggml_log_set(errors_only, nullptr);
+        }
+    }
+    ~oallama_quiet_log() {
+        if (active) {
+            llama_log_set(llama_cb, llama_ud);
+            ggml_log_set(ggml_cb, ggml_ud);
+        }
+    }
+    static void errors_only(ggml_log_level level, const char * text, void *) {
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            fputs(text, stderr);
+        }
+    }
+};
 
 //
 // devices (devices.cpp)
@@ -188,6 +215,23 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
 oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
 // The fixed cost of running one tiny graph on the device and waiting for it.
 oallama_timing oallama_profile_launch(const std::string & device, int n_threads, int warmup, int repeats);
+
+//
+// llama.cpp's automatic fit (fit.cpp, needs llama-common)
+//
+
+struct oallama_fit_result {
+    bool    fits;          // llama.cpp found parameters projected to fit
+    int32_t n_gpu_layers;
+    uint32_t n_ctx;
+    std::vector<std::pair<std::string, std::string>> overrides;  // (regex, device name), partial layers
+};
+
+// common_fit_params for a model on `devices` (accelerators, in order), leaving margins[i] bytes
+// free on devices[i]: what llama.cpp's --fit would choose.
+oallama_fit_result oallama_fit_params(const std::string & path, const std::vector<std::string> & devices,
+                                      const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch,
+                                      uint32_t n_ubatch, bool flash_attn);
 
 //
 // quantization type mix (quant.cpp)

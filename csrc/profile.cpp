@@ -118,21 +118,6 @@ static void barrier(ggml_backend_t be, ggml_backend_dev_t dev, const ggml_tensor
     }
 }
 
-// ggml logs (e.g. the CPU backend's "repack tensor ...") are not for the profiler's user
-struct ggml_log_guard {
-    ggml_log_callback prev_cb = nullptr;
-    void * prev_ud = nullptr;
-    ggml_log_guard() {
-        ggml_log_get(&prev_cb, &prev_ud);
-        ggml_log_set([](ggml_log_level level, const char * text, void *) {
-            if (level == GGML_LOG_LEVEL_ERROR) {
-                fputs(text, stderr);
-            }
-        }, nullptr);
-    }
-    ~ggml_log_guard() { ggml_log_set(prev_cb, prev_ud); }
-};
-
 static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev, ggml_cgraph * gf, int warmup,
                                       int repeats, const std::string & what) {
     const ggml_tensor * result = ggml_graph_node(gf, -1);
@@ -160,7 +145,7 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev,
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts) {
-    ggml_log_guard quiet;
+    oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
     backend_ptr be = init_backend(dev, n_threads);

@@ -131,15 +131,19 @@ class _LoadRequest:
     n_gpu_layers: int | None = None
     offload_policy: dict[str, int] | None = None  # host weight -> min batch (patch 0001)
     plan: dict[str, Any] | None = None  # the plan document, when there is one
+    raw_overrides: list[tuple[str, str]] | None = None  # patterns used as they are (llama.cpp's fit)
 
 
 def _from_plan_document(doc: dict[str, Any]) -> _LoadRequest:
     from .schedmodel import NEVER
 
-    stock = doc.get("load") == "n_gpu_layers"
+    mode = doc.get("load", "overrides")
     policy = {w: (NEVER if b is None else int(b)) for w, b in (doc.get("offload_min_batch") or {}).items()}
-    return _LoadRequest(None if stock else dict(doc["placement"]), doc.get("devices"), doc.get("n_gpu_layers"),
-                        policy or None, doc)
+    if mode == "fit":
+        raw = [(str(a), str(b)) for a, b in doc.get("overrides") or []]
+        return _LoadRequest(None, doc.get("devices"), doc.get("n_gpu_layers"), policy or None, doc, raw)
+    return _LoadRequest(None if mode == "n_gpu_layers" else dict(doc["placement"]), doc.get("devices"),
+                        doc.get("n_gpu_layers"), policy or None, doc)
 
 
 def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.GGUFInfo,
@@ -149,7 +153,7 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
 
     if gpu_budget is not None and placement is None:
         placement = "optimal"
-    if isinstance(placement, str) and placement in planmod.STRATEGIES:
+    if isinstance(placement, str) and placement in planmod.STRATEGIES + planmod.BASELINES:
         if gpu_budget is None:
             raise PlanError(f"placement='{placement}' needs gpu_budget= (bytes such as '12GiB' or a share such as '50%')")
         acc = device or next((d for d in devices or [] if not devmod.resolve(d).is_host), None)
@@ -204,8 +208,8 @@ class Llama(llama_cpp.Llama):
         self.plan: dict[str, Any] | None = req.plan
         self.load_spec: place.LoadSpec | None = None
         self._native_load_params: _NativeLoadParams | None = None
-        if devices is not None or req.assignment is not None:
-            self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices)
+        if devices is not None or req.assignment is not None or req.raw_overrides:
+            self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices, req.raw_overrides or ())
             self._native_load_params = _NativeLoadParams(self.load_spec)
         with _model_params_hook(self._native_load_params):
             super().__init__(model_path, *args, **kwargs)

@@ -120,8 +120,9 @@ def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
 
 
 def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
-                    devices: Sequence[str] | None) -> LoadSpec:
-    """Validate a placement against the model and the devices; compile it for the loader."""
+                    devices: Sequence[str] | None, raw_overrides: Sequence[tuple[str, str]] = ()) -> LoadSpec:
+    """Validate a placement against the model and the devices; compile it for the loader.
+    raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's)."""
     requested = [devmod.resolve(d) for d in devices] if devices is not None else None
     assignment: dict[str, str] = {}
     for name, dev in (placement or {}).items():
@@ -146,4 +147,5 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
         accel = None  # llama.cpp's default device selection (all local GPUs)
     names = list(dict.fromkeys(d.name for d in accel)) if accel is not None else None
     buft = {d.name: d.buffer_type for d in [*(accel or []), *used]}
-    return LoadSpec(assignment, names, compile_patterns(assignment), buft)
+    raw = [(pat, devmod.resolve(dev).name) for pat, dev in raw_overrides]
+    return LoadSpec(assignment, names, raw + compile_patterns(assignment), buft)

@@ -35,6 +35,9 @@ from .schedmodel import HOST, NEVER, PassModel, Placement, kv_bytes_per_layer, l
 
 SCHEMA = "oallama.plan/1"
 STRATEGIES = ("layers", "affinity", "optimal")
+# baselines for the benchmark: llama.cpp's own --fit aimed at the budget, and FlexGen-style
+# streaming of every weight from host memory
+BASELINES = ("fit", "flexgen")
 OBJECTIVES = ("ttft", "tpot", "e2e")
 _BINARY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -297,6 +300,7 @@ class Plan:
     plan_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     all_weights: list[str] = field(default_factory=list)
+    raw_overrides: list[tuple[str, str]] = field(default_factory=list)  # "fit": llama.cpp's own patterns
 
     @property
     def devices(self) -> list[str]:
@@ -313,9 +317,16 @@ class Plan:
         """host weight -> min batch from which its op is streamed (empty: llama.cpp's default)."""
         return {w: int(b) for w, b in self.placement.min_batch.items() if w not in self.placement.on_acc}
 
+    @property
+    def load_mode(self) -> str:
+        return "fit" if self.strategy == "fit" else "n_gpu_layers" if self.stock_layers else "overrides"
+
     def load_spec(self) -> place.LoadSpec:
-        return place.LoadSpec(self.assignment(), [self.accelerator],
-                              [] if self.stock_layers else place.compile_patterns(self.assignment()),
+        if self.load_mode == "fit":
+            overrides = list(self.raw_overrides)
+        else:
+            overrides = [] if self.stock_layers else place.compile_patterns(self.assignment())
+        return place.LoadSpec(self.assignment(), [self.accelerator], overrides,
                               {self.accelerator: devmod.resolve(self.accelerator).buffer_type, HOST: "CPU"})
 
     def emit_args(self) -> list[str]:
@@ -323,6 +334,8 @@ class Plan:
         args = ["-ngl", str(self.n_gpu_layers)]
         if not self.stock_layers:
             args += self.load_spec().ot_arguments()
+        if self.strategy == "flexgen":
+            args += ["--op-offload"]  # and GGML_OP_OFFLOAD_MIN_BATCH=1 in the environment
         return args
 
     def to_json(self) -> dict[str, Any]:
@@ -330,7 +343,8 @@ class Plan:
                 "accelerator": self.accelerator,
                 "budget": {"request": self.budget_request, "bytes": self.budget_bytes},
                 "workload": asdict(self.workload), "settings": self.settings, "profile": self.profile_key,
-                "build": build_info(), "load": "n_gpu_layers" if self.stock_layers else "overrides",
+                "build": build_info(), "load": self.load_mode,
+                "overrides": [list(o) for o in self.raw_overrides],
                 "n_gpu_layers": self.n_gpu_layers, "kv_layers": self.placement.kv_layers,
                 "placement": self.assignment(),
                 "offload_min_batch": {w: (None if b >= NEVER else b) for w, b in self.offload_policy().items()},
@@ -382,13 +396,19 @@ def _model_doc(ctx: PlanContext) -> dict[str, Any]:
 def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: bool = False,
               candidates: Sequence[Plan] = ()) -> Plan:
     """Plan with `strategy` within `budget`, verified against llama.cpp's memory accounting."""
-    if strategy not in STRATEGIES:
-        raise PlanError(f"strategy '{strategy}': choose one of {', '.join(STRATEGIES)}")
+    if strategy not in STRATEGIES + BASELINES:
+        raise PlanError(f"strategy '{strategy}': choose one of {', '.join(STRATEGIES + BASELINES)}")
     budget_bytes = parse_budget(budget, ctx.model.weight_bytes)
     t0 = time.perf_counter()
     extra: dict[str, Any] = {}
     stock = False
-    if strategy == "layers":
+    raw: list[tuple[str, str]] = []
+    if strategy == "fit":
+        p, mem, extra, raw = _plan_fit(ctx, budget_bytes)
+    elif strategy == "flexgen":
+        p = Placement(frozenset(), 0, {w: 1 for w in ctx.weight_bytes})
+        mem = measure_memory(ctx, p)
+    elif strategy == "layers":
         p, mem, n = _search_layers(ctx, budget_bytes)
         stock = True
         extra["n_gpu_layers"] = n
@@ -396,7 +416,7 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: b
         p, mem, extra = _fit(ctx, strategy, budget_bytes, progress)
     elapsed = time.perf_counter() - t0
     plan = Plan(strategy, ctx.acc, p, budget_bytes, str(budget), ctx.workload, ctx.predict(p), mem, _model_doc(ctx),
-                ctx.settings, ctx.profile.key, stock, elapsed, extra, sorted(ctx.weight_bytes))
+                ctx.settings, ctx.profile.key, stock, elapsed, extra, sorted(ctx.weight_bytes), raw)
     if strategy == "optimal":
         # the program is exact for its memory model; a baseline that llama.cpp's accounting shows
         # to fit and that predicts less time can only win through that model's reserve estimate
@@ -406,6 +426,30 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: b
                             ctx.predict(c.placement), c.memory, _model_doc(ctx), ctx.settings, ctx.profile.key,
                             c.stock_layers, elapsed, {**c.extra, "from": c.strategy}, sorted(ctx.weight_bytes))
     return plan
+
+
+def _plan_fit(ctx: PlanContext, budget: int) -> tuple[Placement, dict[str, int], dict[str, Any], list]:
+    """llama.cpp's --fit (common_fit_params) leaving free(accelerator) - budget bytes free there."""
+    from . import _core
+
+    if not hasattr(_core, "fit_params"):
+        raise PlanError("this oallama was built without llama-common (OALLAMA_TOOLS=OFF): no 'fit' baseline")
+    dev = next(d for d in devmod.list_devices(query_rpc_memory=True) if d.name == ctx.acc)
+    margin = max(dev.memory_free - budget, 0)
+    n_ubatch = ctx.workload.n_ubatch
+    r = _core.fit_params(str(ctx.model.path), [ctx.acc], [margin], ctx.workload.n_ctx, n_ubatch, n_ubatch, False)
+    ngl = int(r["n_gpu_layers"]) if r["n_gpu_layers"] >= 0 else ctx.n_layer + 1
+    raw = [(str(a), str(b)) for a, b in r["overrides"]]
+    # where llama.cpp puts the weights with these parameters, read from a metadata-only load
+    with GraphSession(ctx.model.path, devices=[ctx.acc], overrides=raw, n_gpu_layers=ngl, n_ctx=ctx.workload.n_ctx,
+                      n_ubatch=n_ubatch) as s:
+        placed = _core.model_tensors(s._s.model())
+        mem_rows = [m for m in s.memory() if m["device"] == ctx.acc]
+    on = frozenset(t["name"] for t in placed if t["device"] == ctx.acc)
+    mem = {k: sum(int(m[k]) for m in mem_rows) for k in ("model", "context", "compute")}
+    mem["total"] = mem["model"] + mem["context"] + mem["compute"]
+    extra = {"n_gpu_layers": ngl, "fits": bool(r["fits"]), "margin_bytes": margin}
+    return Placement(on, min(max(ngl - 1, 0), ctx.n_layer)), mem, extra, raw
 
 
 def _search_layers(ctx: PlanContext, budget: int) -> tuple[Placement, dict[str, int], int]:
