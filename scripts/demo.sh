@@ -19,5 +19,10 @@ if [ ! -f "$model" ]; then
 fi
 echo; echo "==> devices"
 python -m oallama devices
-echo; echo "==> generating with the feed-forward weights and the output head on a second device"
+echo; echo "==> by hand: the feed-forward weights and the output head on a second device"
 python -m oallama run "$model" --rpc-local --split ffn -n 32 -p "Once upon a time"
+echo; echo "==> planned: inspect, profile (cached), plan for half the weights on the second device, run"
+python -m oallama run "$model" --rpc-local --gpu-budget 50% --strategy optimal -n 32 -p "Once upon a time"
+echo
+echo "(here the second device is another CPU process, so the planner may rightly keep work on this CPU;"
+echo " with a GPU, 'oallama plan' and 'oallama bench' show what per-tensor placement buys)"

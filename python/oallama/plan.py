@@ -413,7 +413,9 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: b
         stock = True
         extra["n_gpu_layers"] = n
     else:
-        p, mem, extra = _fit(ctx, strategy, budget_bytes, progress)
+        # a baseline that fits is a valid cutoff: the optimum cannot predict more time
+        fitting = [ctx.objective_ms(c.placement) * 1e3 for c in candidates if c.memory["total"] <= budget_bytes]
+        p, mem, extra = _fit(ctx, strategy, budget_bytes, progress, cutoff_us=min(fitting, default=None))
     elapsed = time.perf_counter() - t0
     plan = Plan(strategy, ctx.acc, p, budget_bytes, str(budget), ctx.workload, ctx.predict(p), mem, _model_doc(ctx),
                 ctx.settings, ctx.profile.key, stock, elapsed, extra, sorted(ctx.weight_bytes), raw)
@@ -468,7 +470,8 @@ def _search_layers(ctx: PlanContext, budget: int) -> tuple[Placement, dict[str, 
     return best
 
 
-def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool) -> tuple[Placement, dict[str, int], dict]:
+def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool,
+         cutoff_us: float | None = None) -> tuple[Placement, dict[str, int], dict]:
     """Run a strategy, then correct its compute-buffer reserve until llama.cpp's accounting fits."""
     reserve = 0
     extra: dict[str, Any] = {}
@@ -476,7 +479,7 @@ def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool) -> tuple[
         if strategy == "affinity":
             p, extra = place_affinity(ctx, max(budget - reserve, 0))
         else:
-            p, extra = _optimal(ctx, budget, reserve)
+            p, extra = _optimal(ctx, budget, reserve, cutoff_us)
         mem = measure_memory(ctx, p)
         if progress:
             _progress(f"{strategy}: attempt {attempt + 1}: {mem['total'] / 2**20:.1f} MiB on {ctx.acc} "
@@ -489,18 +492,20 @@ def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool) -> tuple[
     return p, measure_memory(ctx, p), {"attempts": 5, "note": "nothing fits: all weights on the host"}
 
 
-def _optimal(ctx: PlanContext, budget: int, reserve: int) -> tuple[Placement, dict[str, Any]]:
+def _optimal(ctx: PlanContext, budget: int, reserve: int,
+             cutoff_us: float | None = None) -> tuple[Placement, dict[str, Any]]:
     passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
     best: optimal.Solution | None = None
+    cutoff = cutoff_us * (1 + 1e-9) if cutoff_us is not None else None
     # partial offload first; full offload (every layer's KV on the accelerator) only where it beats that
     for full in (False, True):
         sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
-                            reserve=reserve, full=full, cutoff_us=best.objective_us if best else None)
+                            reserve=reserve, full=full, cutoff_us=best.objective_us if best else cutoff)
         if sol is not None and (best is None or sol.objective_us < best.objective_us):
             best = sol
-    if best is None:
+    if best is None:  # nothing fits, or nothing beats the cutoff (make_plan then keeps that candidate)
         p = Placement(frozenset(), 0, {w: NEVER for w in ctx.weight_bytes})
-        return p, {"solver": "infeasible"}
+        return p, {"solver": "no solution below the cutoff" if cutoff is not None else "infeasible"}
     return best.placement, {"solver_status": best.status, "solve_seconds": best.solve_s, "vars": best.n_vars,
                             "rows": best.n_rows, "objective_ms": best.objective_us / 1e3,
                             "streamed": best.stream_batches}

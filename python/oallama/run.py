@@ -127,13 +127,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"started rpc-server {server.endpoint} as device {server.device_name}", file=sys.stderr)
             devices = [*(devices or ["CPU"]), server.device_name]
         placement: Any = args.placement
+        plan_kw: dict[str, Any] = {}
         if args.split:
             if not devices or len(devices) < 2:
                 raise PlacementError("--split needs a second device (--devices CPU,DEV or --rpc-local)")
             placement = split_placement(model, devices[-1], args.split)
-        llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_threads=args.threads,
-                    n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose)
-        print(placement_table(llm.tensor_placements(), devices))
+        elif args.gpu_budget:
+            from .plan import Workload
+
+            if not devices or len(devices) < 2:
+                raise PlacementError("--gpu-budget needs an accelerator (--devices CPU,DEV or --rpc-local)")
+            placement = args.strategy
+            plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1],
+                       "workload": Workload(prompt=args.plan_prompt, gen=args.n, n_ubatch=args.ubatch)}
+            devices = None
+        llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
+                    n_threads=args.threads, n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose,
+                    **plan_kw)
+        if llm.plan is not None:
+            pred = llm.plan["predicted"]
+            print(f"plan '{llm.plan['strategy']}' for a {llm.plan['budget']['request']} budget on "
+                  f"{llm.plan['accelerator']}: predicted TTFT {pred['ttft_ms']:.1f} ms, TPOT {pred['tpot_ms']:.2f} ms; "
+                  f"n_gpu_layers={llm.plan['n_gpu_layers']}, {len(llm.offload_policy())} per-weight offload thresholds")
+        print(placement_table(llm.tensor_placements(), devices or (llm.plan or {}).get("devices")))
         gen = timed_generate(llm, args.prompt, args.n, temperature=args.temperature, seed=args.seed)
         print(f"\nprompt: {args.prompt!r} ({gen.prompt_tokens} tokens)")
         print(f"output: {gen.text!r}")
@@ -154,6 +170,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", help="placement/plan JSON file")
     p.add_argument("--split", choices=["ffn", "odd", "attention"],
                    help="hand placement: put these weights on the last device")
+    p.add_argument("--gpu-budget", help="plan the placement for this accelerator budget ('50%%', '2GiB')")
+    p.add_argument("--strategy", choices=["layers", "affinity", "optimal", "fit", "flexgen"], default="optimal",
+                   help="planning strategy with --gpu-budget (default optimal)")
+    p.add_argument("--plan-prompt", type=int, default=64, help="prompt length the plan optimises for")
+    p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch")
     p.add_argument("--rpc-local", action="store_true", help="start a loopback rpc-server as a second device")
     p.add_argument("--rpc-threads", type=int, default=1, help="threads of that rpc-server")
     p.add_argument("-p", "--prompt", default="The quick brown fox")
