@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import warnings
 
 import pytest
 
+from helpers import closed_port
 from oallama import RpcServerError, UnknownDeviceError, devices, rpc
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_cpu_is_always_there() -> None:
@@ -43,7 +37,7 @@ def test_malformed_endpoint(endpoint: str) -> None:
 
 
 def test_unreachable_rpc_server_is_named_not_aborted_on() -> None:
-    port = _closed_port()
+    port = closed_port()
     with pytest.raises(RpcServerError, match=rf"cannot reach rpc-server at 127\.0\.0\.1:{port}"):
         devices.resolve(f"RPC[127.0.0.1:{port}]")
 

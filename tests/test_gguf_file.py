@@ -3,9 +3,7 @@ file (a ModelFileError naming the file, before llama.cpp ever sees it)."""
 
 from __future__ import annotations
 
-import gc
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,27 +12,14 @@ import gguf
 import numpy as np
 import pytest
 
+from helpers import raises_cleanly
 from oallama import Llama, ModelFileError, gguf_file
 
 KW: dict[str, Any] = {"n_ctx": 256, "verbose": False, "n_threads": 2}
 
 
 def _raises(match: str, build: Callable[[], object]) -> str:
-    """ModelFileError matching `match` from build(); a refused Llama must also leave nothing for
-    the garbage collector to fail on (its __del__ runs inside, not in a later test)."""
-    seen: list[Any] = []
-    previous = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        with pytest.raises(ModelFileError, match=match) as info:
-            build()
-        message = str(info.value)
-        del info
-        gc.collect()
-    finally:
-        sys.unraisablehook = previous
-    assert not seen, [f"{u.exc_type.__name__}: {u.exc_value}" for u in seen]
-    return message
+    return raises_cleanly(ModelFileError, match, build)
 
 
 def _all_refuse(path: Path, match: str) -> list[str]:

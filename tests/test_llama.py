@@ -6,13 +6,11 @@ SentencePiece vocabulary, llama-2 style chat template)."""
 
 from __future__ import annotations
 
-import gc
 import inspect
 import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +24,7 @@ import numpy as np
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 
+from helpers import closed_port, raises_cleanly
 from oallama import (
     Llama,
     PlacementError,
@@ -49,33 +48,6 @@ NMSE_MAX = 1e-4  # llama.cpp test-backend-ops' default max normalised mean squar
 def _kwargs(**extra: Any) -> dict[str, Any]:
     return {"n_ctx": N_CTX, "verbose": False, "n_threads": THREADS, "n_threads_batch": THREADS, "seed": SEED,
             **extra}
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, read, released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def raises_cleanly(exc: type[Exception], match: str, build: Callable[[], object]) -> str:
-    """pytest.raises(exc, match=match) around build(); returns the message.
-
-    The half-built Llama is collected inside, so that a failing __del__ (a refused model must
-    leave nothing behind to free) fails this test and not a later one."""
-    seen: list[Any] = []
-    previous = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        with pytest.raises(exc, match=match) as info:
-            build()
-        message = str(info.value)
-        del info
-        gc.collect()
-    finally:
-        sys.unraisablehook = previous
-    assert not seen, [f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in seen]
-    return message
 
 
 def _greedy(llm: llama_cpp.Llama, tokens: list[int], n: int = N_GREEDY) -> list[int]:
@@ -352,7 +324,7 @@ def test_placement_device_not_in_devices(tiny_q8: Path, rpc_server: rpc.RpcServe
 
 @pytest.mark.parametrize("where", ["devices", "placement"])
 def test_unreachable_rpc_server_is_named_and_the_process_survives(tiny_q8: Path, where: str) -> None:
-    dev = f"RPC[127.0.0.1:{_closed_port()}]"
+    dev = f"RPC[127.0.0.1:{closed_port()}]"
     kw: dict[str, Any] = ({"devices": ["CPU", dev]} if where == "devices"
                           else {"placement": {"output.weight": dev}})
     endpoint = re.escape(dev[4:-1])

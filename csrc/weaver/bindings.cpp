@@ -3,6 +3,7 @@
 // the KV cache live in python/oallama/weaver.py. Blocking calls release the GIL.
 
 #include "weaver.h"
+#include "weaver_py.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -14,14 +15,8 @@ namespace py = pybind11;
 
 namespace {
 
-const char * dtype_name(uint32_t d) {
-    switch (d) {
-        case OALLAMA_WEAVER_F32: return "f32";
-        case OALLAMA_WEAVER_F16: return "f16";
-        case OALLAMA_WEAVER_BF16: return "bf16";
-        default: return "?";
-    }
-}
+using oallama_weaver_py::config_dict;
+using oallama_weaver_py::dtype_name;
 
 // a C-contiguous, writable-or-not array of exactly nbytes
 void * array_bytes(const py::array & a, size_t nbytes, const char * what, bool writable) {
@@ -67,24 +62,6 @@ public:
 private:
     oallama_weaver_ring * r_;
 };
-
-py::dict config_dict(const oallama_weaver_config & c) {
-    py::dict d;
-    d["capacity"]     = c.capacity;
-    d["n_head"]       = c.n_head;
-    d["n_head_kv"]    = c.n_head_kv;
-    d["head_dim"]     = c.head_dim;
-    d["dtype"]        = dtype_name(c.dtype);
-    d["max_seqs"]     = c.max_seqs;
-    d["max_ctx"]      = c.max_ctx;
-    d["scale"]        = c.scale;
-    d["checksum"]     = (c.flags & OALLAMA_WEAVER_FLAG_CHECKSUM) != 0;
-    d["slot_bytes"]   = c.slot_bytes;
-    d["header_bytes"] = c.header_bytes;
-    d["total_bytes"]  = c.total_bytes;
-    d["version"]      = c.version;
-    return d;
-}
 
 }  // namespace
 

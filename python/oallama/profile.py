@@ -321,15 +321,13 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from .rpc import start_server
+    from .rpc import local_server_if
 
-    server = None
-    devices = ["CPU"]
-    try:
+    with local_server_if(args.rpc_local and not args.device, args.rpc_threads) as server:
+        devices = ["CPU"]
         if args.device:
             devices.append(args.device)
-        elif args.rpc_local:
-            server = start_server(threads=args.rpc_threads)
+        elif server is not None:
             devices.append(server.device_name)
         else:
             acc = devmod.default_accelerator()
@@ -345,9 +343,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                 print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
         if args.output:
             print(f"wrote {prof.save(args.output)}")
-    finally:
-        if server is not None:
-            server.stop()
     return 0
 
 

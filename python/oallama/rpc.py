@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -166,6 +167,19 @@ def start_server(host: str = "127.0.0.1", port: int | None = None, *, threads: i
                 break  # a port race is worth another try; anything else is not
     assert last_error is not None
     raise last_error
+
+
+@contextlib.contextmanager
+def local_server_if(enabled: bool, threads: int | None = 1) -> Iterator[RpcServer | None]:
+    """A loopback rpc-server for the duration of a command when `enabled` (CLI --rpc-local)."""
+    if not enabled:
+        yield None
+        return
+    server = start_server(threads=threads)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _wait_ready(server: RpcServer, timeout: float) -> None:

@@ -119,11 +119,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .llama import Llama
 
     model = gguf_file.check_model(args.model)
-    server = None
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
-    try:
-        if args.rpc_local:
-            server = rpc.start_server(threads=args.rpc_threads)
+    with rpc.local_server_if(args.rpc_local, args.rpc_threads) as server:
+        if server is not None:
             print(f"started rpc-server {server.endpoint} as device {server.device_name}", file=sys.stderr)
             devices = [*(devices or ["CPU"]), server.device_name]
         placement: Any = args.placement
@@ -157,9 +155,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{len(gen.tokens)} tokens in {gen.e2e_s:.3f} s   (threads={llm.n_threads}, "
               f"mmap={_uses_mmap(llm)})")
         llm.close()
-    finally:
-        if server is not None:
-            server.stop()
     return 0
 
 

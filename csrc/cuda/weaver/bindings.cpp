@@ -3,6 +3,7 @@
 // streams cross as integers (torch: tensor.data_ptr(), torch.cuda.Stream.cuda_stream).
 
 #include "weaver_cuda.h"
+#include "../../weaver/weaver_py.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -15,27 +16,8 @@ namespace py = pybind11;
 
 namespace {
 
-const char * dtype_name(uint32_t d) {
-    return d == OALLAMA_WEAVER_F32 ? "f32" : d == OALLAMA_WEAVER_F16 ? "f16" : d == OALLAMA_WEAVER_BF16 ? "bf16" : "?";
-}
-
-py::dict config_dict(const oallama_weaver_config & c) {
-    py::dict d;
-    d["capacity"]     = c.capacity;
-    d["n_head"]       = c.n_head;
-    d["n_head_kv"]    = c.n_head_kv;
-    d["head_dim"]     = c.head_dim;
-    d["dtype"]        = dtype_name(c.dtype);
-    d["max_seqs"]     = c.max_seqs;
-    d["max_ctx"]      = c.max_ctx;
-    d["scale"]        = c.scale;
-    d["checksum"]     = (c.flags & OALLAMA_WEAVER_FLAG_CHECKSUM) != 0;
-    d["slot_bytes"]   = c.slot_bytes;
-    d["header_bytes"] = c.header_bytes;
-    d["total_bytes"]  = c.total_bytes;
-    d["version"]      = c.version;
-    return d;
-}
+using oallama_weaver_py::config_dict;
+using oallama_weaver_py::dtype_name;
 
 const void * array_bytes(const py::array & a, size_t nbytes, const char * what) {
     if ((a.flags() & py::array::c_style) == 0 || (size_t) a.nbytes() != nbytes) {
