@@ -15,9 +15,10 @@ r >= a, r >= b, r <= a + b. Copies and split switches are linearised with one no
 variable per direction (up >= c - s, down >= s - c), charged T'(bytes) or a launch cost.
 
   minimise   sum over passes p of  weight_p * (compute_p + copies_p + launches_p)
-  subject to sum_w M_w x[w] + sum_l KV_l kv[l] + R u + m <= budget      (bytes)
-             u >= every decision (anything on the accelerator reserves its compute buffer R)
+  subject to sum_w M_w x[w] + sum_l KV_l kv[l] + R + m <= budget      (bytes)
              m >= M_w s[w,b]   (a streamed weight needs room in the compute buffer)
+  (R: the accelerator's compute buffers, measured by llama.cpp for the plan and corrected until
+  the plan fits; the all-host placement it needlessly charges is compared separately)
 
 With every integer variable fixed the objective equals `PassModel.cost` summed over the passes
 (tests/test_plan.py checks that, and that the optimum equals brute force on small instances).
@@ -99,13 +100,17 @@ class _Program:
     def leq_const(self, e: _Lin, bound: float) -> None:
         self.rows.append((dict(e.t), -math.inf, bound - e.c))
 
-    def solve(self, time_limit: float, cutoff: float | None = None) -> tuple[str, np.ndarray, float]:
+    def solve(self, time_limit: float, cutoff: float | None = None,
+              start: Mapping[int, float] | None = None) -> tuple[str, np.ndarray, float, float]:
+        """(status, column values, objective, relative MIP gap). A time-limited run keeps the
+        best solution found (and says so in the status and the gap)."""
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit))
+        h.setOptionValue("mip_rel_gap", 1e-6)
+        h.setOptionValue("presolve", "off")  # measured: presolve stalls these programs at a ~6% gap
         if cutoff is not None:  # only solutions better than this matter (another mode's optimum)
             h.setOptionValue("objective_bound", float(cutoff - self.offset))
-        h.setOptionValue("mip_rel_gap", 1e-6)
         n = len(self.lb)
         inf = highspy.kHighsInf
         h.addVars(n, np.array(self.lb), np.array([inf if math.isinf(u) else u for u in self.ub]))
@@ -123,12 +128,17 @@ class _Program:
                 val.extend(terms.values())
             h.addRows(len(self.rows), lo, hi, len(idx), np.array(starts, dtype=np.int32),
                       np.array(idx, dtype=np.int32), np.array(val))
+        if start:  # a known placement (integer columns only): HiGHS completes and keeps it if feasible
+            keys = np.array(sorted(start), dtype=np.int32)
+            h.setSolution(len(keys), keys, np.array([start[int(k)] for k in keys], dtype=np.float64))
         h.run()
         status = h.modelStatusToString(h.getModelStatus())
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return status, np.zeros(n), math.inf
+        info = h.getInfo()
+        has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and not has_solution:
+            return status, np.zeros(n), math.inf, math.inf
         x = np.array(h.getSolution().col_value)
-        return status, x, h.getInfo().objective_function_value + self.offset
+        return status, x, info.objective_function_value + self.offset, float(info.mip_gap)
 
 
 @dataclass
@@ -141,12 +151,14 @@ class Solution:
     status: str
     stream_batches: dict[str, list[int]] = field(default_factory=dict)  # host weight -> batches streamed
     build_s: float = 0.0  # seconds building the program (the rest of solve_s is HiGHS)
+    gap: float = 0.0  # relative MIP gap: 0 when proven optimal, > 0 when the time limit cut the search
 
 
 def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[str, int],
           kv_bytes: Mapping[int, int], budget: int, reserve: int = 0, full: bool = False,
           stream: bool = True, fixed: Mapping[str, bool] | None = None, no_stream: Collection[str] = (),
-          time_limit: float = 60.0, cutoff_us: float | None = None) -> Solution | None:
+          time_limit: float = 60.0, cutoff_us: float | None = None,
+          start: Placement | None = None) -> Solution | None:
     """Best placement for passes [(model, weight)] within `budget` accelerator bytes.
 
     reserve: compute-buffer bytes the accelerator needs as soon as anything runs there.
@@ -154,6 +166,8 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     stream: allow streaming host weights (per-weight op offload); fixed: weight -> on_acc forced;
     no_stream: weights that must not be streamed.
     cutoff_us: only look for solutions better than this objective (us), e.g. another mode's optimum.
+    start: a known placement to start from (e.g. the best baseline); time_limit bounds the search,
+    and a search cut short returns its best solution with the remaining gap.
     Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it), or
     nothing beats the cutoff.
     """
@@ -305,13 +319,10 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     else:
         for layer, v in kv.items():
             mem.t[v] = mem.t.get(v, 0.0) + float(kv_bytes.get(layer, 0))
-    if reserve:
-        u = prog.var()
-        for v in [*x.values(), *kv.values(), *s.values()]:
-            prog.geq(_Lin(0, {u: 1}), _Lin(0, {v: 1}))
-        if full:
-            prog.lb[u] = 1.0
-        mem.t[u] = float(reserve)
+    # the compute buffers' reserve is charged as a constant: the all-host placement it wrongly
+    # charges stays feasible (whenever the budget covers the reserve) and costs the same, and an
+    # "anything on the accelerator" indicator would only weaken the relaxation
+    mem.c += float(reserve)
     if s:
         m = prog.var(0.0, math.inf)
         for (w, _), v in s.items():
@@ -322,7 +333,15 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     prog.leq_const(mem, float(budget))
 
     t_build = time.perf_counter() - t0
-    status, sol, obj = prog.solve(time_limit, cutoff_us)
+    start_cols: dict[int, float] | None = None
+    if start is not None and (start.kv_layers >= n_layer) == full:
+        start_cols = {x[w]: float(w in start.on_acc) for w in weights if prog.lb[x[w]] < prog.ub[x[w]]}
+        for layer, v in kv.items():
+            start_cols[v] = float(layer >= n_layer - start.kv_layers)
+        defaults = {(k[1], k[4]): k[3] for pm, _ in passes for k in pm.kinds[full].values() if k[0] == "w"}
+        for (w, b), v in s.items():
+            start_cols[v] = float(w not in start.on_acc and start.streams(w, b, defaults.get((w, b), False)))
+    status, sol, obj, gap = prog.solve(time_limit, cutoff_us, start_cols)
     elapsed = time.perf_counter() - t0
     if not math.isfinite(obj) or (cutoff_us is not None and obj >= cutoff_us * (1 - 1e-9)):
         return None
@@ -335,4 +354,4 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     # every host weight gets an explicit policy: the smallest batch it streams at, else never
     min_batch = {w: (min(streamed[w]) if w in streamed else NEVER) for w in weights if w not in on_acc}
     return Solution(Placement(on_acc, kv_layers, min_batch), obj, elapsed, len(prog.lb), len(prog.rows), status,
-                    {w: sorted(b) for w, b in streamed.items()}, t_build)
+                    {w: sorted(b) for w, b in streamed.items()}, t_build, gap)

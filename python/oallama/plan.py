@@ -394,7 +394,7 @@ def _model_doc(ctx: PlanContext) -> dict[str, Any]:
 
 
 def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: bool = False,
-              candidates: Sequence[Plan] = ()) -> Plan:
+              candidates: Sequence[Plan] = (), time_limit: float = 10.0) -> Plan:
     """Plan with `strategy` within `budget`, verified against llama.cpp's memory accounting."""
     if strategy not in STRATEGIES + BASELINES:
         raise PlanError(f"strategy '{strategy}': choose one of {', '.join(STRATEGIES + BASELINES)}")
@@ -413,9 +413,14 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: b
         stock = True
         extra["n_gpu_layers"] = n
     else:
-        # a baseline that fits is a valid cutoff: the optimum cannot predict more time
-        fitting = [ctx.objective_ms(c.placement) * 1e3 for c in candidates if c.memory["total"] <= budget_bytes]
-        p, mem, extra = _fit(ctx, strategy, budget_bytes, progress, cutoff_us=min(fitting, default=None))
+        # the baselines that fit: the best one starts the search; their measured compute-buffer
+        # overhead is the first estimate of the reserve
+        fitting = [c for c in candidates if c.memory["total"] <= budget_bytes and c.strategy != "flexgen"]
+        start = min(fitting, key=lambda c: ctx.objective_ms(c.placement)).placement if fitting else None
+        reserve0 = max((c.memory["total"] - ctx.acc_bytes(c.placement) for c in fitting if c.placement.on_acc),
+                       default=0)
+        p, mem, extra = _fit(ctx, strategy, budget_bytes, progress, start=start, reserve=reserve0,
+                             time_limit=time_limit)
     elapsed = time.perf_counter() - t0
     plan = Plan(strategy, ctx.acc, p, budget_bytes, str(budget), ctx.workload, ctx.predict(p), mem, _model_doc(ctx),
                 ctx.settings, ctx.profile.key, stock, elapsed, extra, sorted(ctx.weight_bytes), raw)
@@ -470,20 +475,22 @@ def _search_layers(ctx: PlanContext, budget: int) -> tuple[Placement, dict[str, 
     return best
 
 
-def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool,
-         cutoff_us: float | None = None) -> tuple[Placement, dict[str, int], dict]:
+def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool, *, start: Placement | None = None,
+         reserve: int = 0, time_limit: float = 10.0) -> tuple[Placement, dict[str, int], dict]:
     """Run a strategy, then correct its compute-buffer reserve until llama.cpp's accounting fits."""
-    reserve = 0
     extra: dict[str, Any] = {}
+    solve_total = 0.0
     for attempt in range(5):
         if strategy == "affinity":
             p, extra = place_affinity(ctx, max(budget - reserve, 0))
         else:
-            p, extra = _optimal(ctx, budget, reserve, cutoff_us)
+            p, extra = _optimal(ctx, budget, reserve, start, time_limit)
+            solve_total += float(extra.get("solve_seconds", 0.0))
+            extra["solve_seconds_total"] = solve_total
         mem = measure_memory(ctx, p)
         if progress:
             _progress(f"{strategy}: attempt {attempt + 1}: {mem['total'] / 2**20:.1f} MiB on {ctx.acc} "
-                      f"(budget {budget / 2**20:.1f} MiB)")
+                      f"(budget {budget / 2**20:.1f} MiB) {extra.get('modes', '')}")
         if mem["total"] <= budget:
             return p, mem, {**extra, "attempts": attempt + 1, "reserve_bytes": reserve}
         overhead = mem["total"] - ctx.acc_bytes(p)
@@ -492,21 +499,31 @@ def _fit(ctx: PlanContext, strategy: str, budget: int, progress: bool,
     return p, measure_memory(ctx, p), {"attempts": 5, "note": "nothing fits: all weights on the host"}
 
 
-def _optimal(ctx: PlanContext, budget: int, reserve: int,
-             cutoff_us: float | None = None) -> tuple[Placement, dict[str, Any]]:
+def _optimal(ctx: PlanContext, budget: int, reserve: int, start: Placement | None,
+             time_limit: float) -> tuple[Placement, dict[str, Any]]:
     passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
     best: optimal.Solution | None = None
-    cutoff = cutoff_us * (1 + 1e-9) if cutoff_us is not None else None
+    spent = 0.0
+    modes: dict[str, Any] = {}
     # partial offload first; full offload (every layer's KV on the accelerator) only where it beats that
     for full in (False, True):
+        t0 = time.perf_counter()
         sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
-                            reserve=reserve, full=full, cutoff_us=best.objective_us if best else cutoff)
+                            reserve=reserve, full=full, cutoff_us=best.objective_us if best else None,
+                            start=start, time_limit=time_limit)
+        spent += time.perf_counter() - t0
+        modes["full" if full else "partial"] = {"seconds": round(time.perf_counter() - t0, 3),
+                                                "objective_ms": sol.objective_us / 1e3 if sol else None,
+                                                "status": sol.status if sol else "no better solution",
+                                                "gap": sol.gap if sol else None}
         if sol is not None and (best is None or sol.objective_us < best.objective_us):
             best = sol
-    if best is None:  # nothing fits, or nothing beats the cutoff (make_plan then keeps that candidate)
-        p = Placement(frozenset(), 0, {w: NEVER for w in ctx.weight_bytes})
-        return p, {"solver": "no solution below the cutoff" if cutoff is not None else "infeasible"}
-    return best.placement, {"solver_status": best.status, "solve_seconds": best.solve_s, "vars": best.n_vars,
+    host = Placement(frozenset(), 0, {w: NEVER for w in ctx.weight_bytes})
+    if best is None or ctx.objective_ms(host) * 1e3 < best.objective_us:  # nothing fits, or the host wins
+        return host, {"solver": "infeasible" if best is None else "all on the host is best",
+                      "solve_seconds": spent, "modes": modes}
+    return best.placement, {"solver_status": best.status, "mip_gap": best.gap, "solve_seconds": spent,
+                            "modes": modes, "vars": best.n_vars,
                             "rows": best.n_rows, "objective_ms": best.objective_us / 1e3,
                             "streamed": best.stream_batches}
 
@@ -543,14 +560,12 @@ def layer_table(ctx: PlanContext, plan: Plan) -> str:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .rpc import start_server
+    from .rpc import local_server_if
 
-    server = None
-    try:
+    with local_server_if(args.rpc_local and not args.device, args.rpc_threads) as server:
         if args.device:
             acc = devmod.resolve(args.device).name
-        elif args.rpc_local:
-            server = start_server(threads=args.rpc_threads)
+        elif server is not None:
             acc = server.device_name
         else:
             found = devmod.default_accelerator()
@@ -563,7 +578,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         budget_bytes = parse_budget(args.gpu_budget, ctx.model.weight_bytes)
         plans: dict[str, Plan] = {}
         for s in STRATEGIES:
-            plans[s] = make_plan(ctx, s, args.gpu_budget, candidates=list(plans.values()))
+            plans[s] = make_plan(ctx, s, args.gpu_budget, candidates=list(plans.values()),
+                                 time_limit=args.time_limit)
         chosen = plans[args.strategy]
         print(f"{ctx.model.path.name}: {ctx.model.weight_bytes / 2**20:.1f} MiB of weights, {ctx.n_layer} layers; "
               f"budget {budget_bytes / 2**20:.1f} MiB on {acc}; workload prompt {wl.prompt}, gen {wl.gen}, "
@@ -576,6 +592,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(f"{s:<10} {p.memory['total'] / 2**20:>10.1f} {p.predicted['ttft_ms']:>10.2f} "
                   f"{p.predicted['tpot_ms']:>10.2f} {p.predicted['e2e_ms']:>10.2f} "
                   f"{p.predicted['passes']['1']['splits']:>7} {p.plan_s:>7.2f}")
+        opt = plans["optimal"].extra
+        if "from" in opt:
+            print(f"optimal: no placement predicted faster than '{opt['from']}' was found; keeping it")
+        elif opt.get("solver_status"):
+            gap = float(opt.get("mip_gap") or 0.0)
+            print(f"optimal: {'proven optimal' if gap <= 1e-6 else f'best found, within {gap:.1%} of optimal'} "
+                  f"(HiGHS, {opt.get('solve_seconds_total', 0.0):.1f} s; raise the limit with --time-limit)")
         if args.emit_ot:
             print("\nstock llama.cpp equivalent of the weight placement:")
             print(" ".join(_shell_quote(a) for a in chosen.emit_args()))
@@ -584,9 +607,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                       "GGML_OP_OFFLOAD_MIN_BATCH)")
         if args.output:
             print(f"\nwrote {chosen.save(args.output)}")
-    finally:
-        if server is not None:
-            server.stop()
     return 0
 
 
@@ -608,6 +628,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--profile", help="use this profile JSON instead of measuring (or the cache)")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="seconds the exact solver may search per mode (default 10; the best plan found is kept)")
     p.add_argument("--emit-ot", action="store_true", help="print -ngl/-ot arguments for stock llama.cpp")
     p.add_argument("-o", "--output", help="write the chosen plan here")
     p.add_argument("--quiet", action="store_true")
