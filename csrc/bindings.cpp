@@ -87,6 +87,16 @@ PYBIND11_MODULE(_core, m) {
         return out;
     }, py::arg("query_rpc_memory") = false);
 
+    m.def("device_memory", [](const std::string & name) {
+        size_t free = 0, total = 0;
+        ggml_backend_dev_t dev = oallama_device_by_name(name);
+        {
+            py::gil_scoped_release release;
+            ggml_backend_dev_memory(dev, &free, &total);
+        }
+        return py::make_tuple(free, total);
+    }, py::arg("name"), "(free, total) bytes of one device (an RPC device: a round trip; probe it first).");
+
     m.def("device_address", [](const std::string & name) {
         return reinterpret_cast<uintptr_t>(oallama_device_by_name(name));
     }, py::arg("name"), "ggml_backend_dev_t of a device, as an integer address; raises if unknown.");

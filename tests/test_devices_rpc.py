@@ -82,3 +82,15 @@ def test_taken_port_is_a_clear_error() -> None:
         with pytest.raises(RpcServerError, match=f"rpc-server 127.0.0.1:{first.port}"):
             rpc.start_server(port=first.port, threads=1, timeout=10)
         assert first.alive()
+
+
+def test_memory_of_a_gone_server_is_not_fatal() -> None:
+    # ggml-rpc aborts the process on a refused connection: asking a stopped server for its
+    # memory must be caught before it reaches ggml
+    server = rpc.start_server(threads=1)
+    name = devices.resolve(server.device_name).name
+    server.stop()
+    gone = {d.name: d for d in devices.list_devices(query_rpc_memory=True)}[name]
+    assert gone.memory_total == 0
+    with pytest.raises(RpcServerError, match="cannot reach rpc-server"):
+        devices.device_memory(name)

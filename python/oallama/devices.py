@@ -58,9 +58,33 @@ def _init() -> None:
 
 
 def list_devices(query_rpc_memory: bool = False) -> list[Device]:
-    """Every device ggml knows in this process, in ggml's order (CPU is always there)."""
+    """Every device ggml knows in this process, in ggml's order (CPU is always there).
+
+    query_rpc_memory asks each rpc-server for its memory, after checking it still answers
+    (ggml-rpc aborts the process on a refused connection); a gone server reports 0 bytes."""
     _init()
-    return [Device(**d) for d in _core.devices_list(query_rpc_memory)]
+    devs = [Device(**d) for d in _core.devices_list(False)]
+    if query_rpc_memory:
+        devs = [_with_memory(d) if d.kind == "rpc" else d for d in devs]
+    return devs
+
+
+def _with_memory(d: Device) -> Device:
+    try:
+        probe_endpoint(d.description, timeout=2.0)
+    except RpcServerError:
+        return d
+    free, total = _core.device_memory(d.name)
+    return Device(d.name, d.ggml_name, d.description, d.backend, d.kind, d.buffer_type, int(free), int(total))
+
+
+def device_memory(name: str) -> tuple[int, int]:
+    """(free, total) bytes of one device; an rpc-server that stopped answering raises RpcServerError."""
+    d = resolve(name)
+    if d.kind == "rpc":
+        probe_endpoint(d.description, timeout=2.0)
+    free, total = _core.device_memory(d.name)
+    return int(free), int(total)
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

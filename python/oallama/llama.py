@@ -203,8 +203,12 @@ class Llama(llama_cpp.Llama):
                 raise PlanError(f"n_gpu_layers={kwargs['n_gpu_layers']} conflicts with the plan's "
                                 f"n_gpu_layers={req.n_gpu_layers}")
             kwargs["n_gpu_layers"] = req.n_gpu_layers
-        if req.offload_policy and kwargs.get("op_offload") is False:
-            raise PlanError("the plan streams host weights to the accelerator, which needs op_offload=True")
+        if kwargs.get("op_offload") is False and req.offload_policy:
+            from .schedmodel import NEVER
+
+            if any(b < NEVER for b in req.offload_policy.values()):
+                raise PlanError("the plan streams host weights to the accelerator, which needs op_offload=True")
+            req.offload_policy = None  # "never stream" everywhere is what op_offload=False does anyway
         self.plan: dict[str, Any] | None = req.plan
         self.load_spec: place.LoadSpec | None = None
         self._native_load_params: _NativeLoadParams | None = None

@@ -441,8 +441,8 @@ def _plan_fit(ctx: PlanContext, budget: int) -> tuple[Placement, dict[str, int],
 
     if not hasattr(_core, "fit_params"):
         raise PlanError("this oallama was built without llama-common (OALLAMA_TOOLS=OFF): no 'fit' baseline")
-    dev = next(d for d in devmod.list_devices(query_rpc_memory=True) if d.name == ctx.acc)
-    margin = max(dev.memory_free - budget, 0)
+    free, _ = devmod.device_memory(ctx.acc)  # this device only: others may be gone
+    margin = max(free - budget, 0)
     n_ubatch = ctx.workload.n_ubatch
     r = _core.fit_params(str(ctx.model.path), [ctx.acc], [margin], ctx.workload.n_ctx, n_ubatch, n_ubatch, False)
     ngl = int(r["n_gpu_layers"]) if r["n_gpu_layers"] >= 0 else ctx.n_layer + 1

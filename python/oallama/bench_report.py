@@ -1,0 +1,532 @@
+"""Aggregate `oallama bench` results: records (JSON + CSV, one schema), a Markdown summary, PNG
+plots mirroring the paper's figures, and the results section of the README.
+
+Record schema "oallama.bench/1": one flat record per (configuration, metric); `COLUMNS` lists
+the fields, in CSV order. Times are medians over the timed repetitions (warm-up discarded) with
+their sample standard deviation; `predicted` is the planner's prediction where it has one
+(ttft_ms, tpot_ms, e2e_ms, tokens_per_s); `source` says where a memory figure comes from.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "oallama.bench/1"
+COLUMNS = [
+    "schema", "config_id", "timestamp", "machine", "cpu", "cpu_count", "host_memory_bytes", "os",
+    "oallama_version", "build_commit",
+    "build_patches", "cuda_build", "device", "device_kind", "device_description", "model", "model_identity",
+    "model_architecture", "model_n_layer", "model_weight_bytes", "strategy", "series", "plan_from", "op_offload",
+    "budget", "budget_bytes", "budget_share", "fits_budget", "acc_weight_bytes", "acc_weight_share",
+    "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
+    "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
+    "source",
+]
+# metric -> (unit, description)
+METRICS = {
+    "ttft_ms": ("ms", "time to first token: prompt evaluation through the first sampled token"),
+    "tpot_ms": ("ms", "mean time per generated token after the first"),
+    "e2e_ms": ("ms", "end to end: prompt in -> last of `gen` tokens out"),
+    "tokens_per_s": ("tok/s", "generated tokens / end-to-end time"),
+    "prefill_tokens_per_s": ("tok/s", "prompt tokens / TTFT"),
+    "decode_tokens_per_s": ("tok/s", "1 / TPOT"),
+    "load_s": ("s", "model load in the worker (fresh process)"),
+    "host_peak_bytes": ("bytes", "peak host memory of the worker"),
+    "device_peak_bytes": ("bytes", "peak accelerator memory of the load"),
+    "device_planned_bytes": ("bytes", "accelerator memory of the load by llama.cpp's accounting"),
+}
+STRATEGY_COLORS = {"layers": "C0", "fit": "C1", "flexgen": "C2", "affinity": "C3", "optimal": "C4"}
+STRATEGY_ORDER = ("layers", "fit", "flexgen", "affinity", "optimal")
+PLOTS = {"e2e": "e2e_per_model.png", "ttft": "ttft_vs_prompt.png", "tpot": "tpot_vs_gen.png",
+         "share": "time_vs_share.png"}
+README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def _stats(xs: Sequence[float]) -> dict[str, float | int]:
+    return {"median": statistics.median(xs), "stddev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of one finished configuration (raw/<id>.json)."""
+    c, st, meta, plan, mem = raw["config"], raw["config"]["settings"], raw["meta"], raw["plan"], raw["memory"]
+    wbytes = int(plan["model_weight_bytes"])
+    base = {
+        "schema": SCHEMA, "config_id": raw["id"], "timestamp": raw.get("finished"),
+        **{k: meta.get(k) for k in ("machine", "cpu", "cpu_count", "host_memory_bytes", "os",
+                                    "oallama_version", "build_commit",
+                                    "build_patches", "cuda_build", "device", "device_kind", "device_description")},
+        "model": c["model_name"], "model_identity": c["model_identity"][:16],
+        "model_architecture": plan.get("model_architecture"), "model_n_layer": plan.get("model_n_layer"),
+        "model_weight_bytes": wbytes, "strategy": c["strategy"], "series": c["series"], "plan_from": plan["from"],
+        "op_offload": c["op_offload"], "budget": c["budget"], "budget_bytes": plan["budget_bytes"],
+        "budget_share": plan["budget_bytes"] / wbytes if wbytes else None,
+        "fits_budget": plan["memory"]["total"] <= plan["budget_bytes"],
+        "acc_weight_bytes": raw["placement"]["acc_weight_bytes"],
+        "acc_weight_share": raw["placement"]["acc_weight_bytes"] / wbytes if wbytes else None,
+        "n_gpu_layers": plan["n_gpu_layers"], "kv_layers": plan["kv_layers"],
+        "streamed_weights": plan["streamed_weights"], "prompt": c["prompt"], "gen": c["gen"],
+        "threads": st["threads"], "n_ctx": c["n_ctx"], "n_batch": st["n_batch"], "n_ubatch": st["n_ubatch"],
+        "flash_attn": st["flash_attn"], "mmap": st["mmap"], "reps": st["reps"], "warmup": st["warmup"],
+    }
+    s = raw["samples"]
+    pred = plan["predicted"]
+    gen, prompt = c["gen"], c["prompt"]
+    series: dict[str, tuple[list[float], float | None, str | None]] = {
+        "ttft_ms": (s["ttft_ms"], pred["ttft_ms"], None),
+        "tpot_ms": (s["tpot_ms"], pred["tpot_ms"], None),
+        "e2e_ms": (s["e2e_ms"], pred["e2e_ms"], None),
+        "tokens_per_s": ([gen / (x / 1e3) for x in s["e2e_ms"] if x > 0],
+                         gen / (pred["e2e_ms"] / 1e3) if pred["e2e_ms"] > 0 else None, None),
+        "prefill_tokens_per_s": ([prompt / (x / 1e3) for x in s["ttft_ms"] if x > 0],
+                                 prompt / (pred["ttft_ms"] / 1e3) if pred["ttft_ms"] > 0 else None, None),
+        "decode_tokens_per_s": ([1e3 / x for x in s["tpot_ms"] if x > 0],
+                                1e3 / pred["tpot_ms"] if pred["tpot_ms"] > 0 else None, None),
+        "load_s": ([raw["load_s"]], None, None),
+        "host_peak_bytes": ([mem["host_peak_bytes"]], None, "worker max RSS (getrusage), model mmap included"),
+        "device_planned_bytes": ([mem["device_planned_bytes"]], None,
+                                 "llama.cpp accounting of the load: weights + KV cache + compute buffers"),
+    }
+    if mem.get("device_peak_bytes") is not None:
+        series["device_peak_bytes"] = ([mem["device_peak_bytes"]], None, mem["device_source"])
+    out = []
+    for metric, (xs, p, source) in series.items():
+        if not xs:
+            continue
+        out.append({**base, "metric": metric, "unit": METRICS[metric][0], **_stats(xs), "predicted": p,
+                    "source": source})
+    return out
+
+
+def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(finished raw results, failures) under out_dir/raw."""
+    ok, failed = [], []
+    raw_dir = out_dir / "raw"
+    if not raw_dir.is_dir():
+        return ok, failed
+    for p in sorted(raw_dir.glob("*.json")):
+        if p.name.endswith((".spec.json", ".plan.json")):
+            continue
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if doc.get("status") == "ok":
+            ok.append(doc)
+        elif doc.get("status") == "failed" and not (raw_dir / f"{doc['id']}.json").exists():
+            failed.append(doc)
+    return ok, failed
+
+
+def _order_key(r: dict[str, Any]) -> tuple:
+    strat = STRATEGY_ORDER.index(r["strategy"]) if r["strategy"] in STRATEGY_ORDER else 99
+    return (r["model"], r["prompt"], r["gen"], r["budget_bytes"], not r["op_offload"], strat, r["metric"])
+
+
+def write_outputs(out_dir: Path, *, plots: bool = True) -> dict[str, Path]:
+    """results.json, results.csv, summary.md and the plots, from out_dir/raw."""
+    ok, failed = load_raw(out_dir)
+    records = sorted((r for raw in ok for r in records_from_raw(raw)), key=_order_key)
+    out: dict[str, Path] = {}
+    out["json"] = out_dir / "results.json"
+    # one record per line: valid JSON, compact, and diffs line by line
+    out["json"].write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + ("\n]\n" if records else "]\n"))
+    out["csv"] = out_dir / "results.csv"
+    with out["csv"].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in records:
+            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    out["md"] = out_dir / "summary.md"
+    out["md"].write_text(summary_markdown(records, failed, out_dir.name))
+    if plots and records:
+        out.update(make_plots(records, out_dir))
+    return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records of a results.json (or results.csv), checked against the schema."""
+    if path.suffix == ".csv":
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        return [_typed(r) for r in rows]
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, list) or any(r.get("schema") != SCHEMA for r in doc):
+        raise ValueError(f"{path}: not a list of {SCHEMA} records")
+    return doc
+
+
+def _typed(row: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if v == "":
+            out[k] = None
+        elif v in ("True", "False"):
+            out[k] = v == "True"
+        else:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    out[k] = v
+    return out
+
+
+# --- Markdown ----------------------------------------------------------------------------------
+
+
+def _mib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f}"
+
+
+def _ms(m: dict[str, Any] | None, digits: int = 1) -> str:
+    if m is None:
+        return "-"
+    return f"{m['median']:.{digits}f} ± {m['stddev']:.{digits}f}"
+
+
+def _pred(m: dict[str, Any] | None, digits: int = 1) -> str:
+    return "-" if m is None or m.get("predicted") is None else f"{m['predicted']:.{digits}f}"
+
+
+def by_config(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """config_id -> metric -> record."""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        out[r["config_id"]][r["metric"]] = r
+    return out
+
+
+def anchor_of(records: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
+    """The workload of the end-to-end figure: prompt 64 / gen 32 (the paper's) when measured,
+    else the most common gen and, at it, the prompt closest to 64."""
+    pairs = {(r["prompt"], r["gen"]) for r in records}
+    if not pairs:
+        return None
+    if (64, 32) in pairs:
+        return (64, 32)
+    gens = defaultdict(int)
+    for _, g in pairs:
+        gens[g] += 1
+    gen = min(gens, key=lambda g: (-gens[g], g))
+    prompt = min((p for p, g in pairs if g == gen), key=lambda p: (abs(p - 64), p))
+    return (prompt, gen)
+
+
+def _settings_line(r: dict[str, Any]) -> str:
+    return (f"threads {r['threads']}, n_batch {r['n_batch']}, n_ubatch {r['n_ubatch']}, flash_attn "
+            f"{'on' if r['flash_attn'] else 'off'}, mmap {'on' if r['mmap'] else 'off'}, n_ctx per workload "
+            f"(256-token multiples of prompt + gen); median ± stddev of {r['reps']} timed runs after "
+            f"{r['warmup']} discarded warm-up run(s), each configuration in a fresh process")
+
+
+def settings_text(records: Sequence[dict[str, Any]]) -> str:
+    """The run settings, once if all models share them, else per model."""
+    per_model = {r["model"]: _settings_line(r) for r in records}
+    if len(set(per_model.values())) == 1:
+        return next(iter(per_model.values()))
+    return "; ".join(f"{m}: {t}" for m, t in sorted(per_model.items()))
+
+
+def machine_line(r: dict[str, Any]) -> str:
+    mem = f", {r['host_memory_bytes'] / 2**30:.0f} GiB RAM" if r.get("host_memory_bytes") else ""
+    return (f"{r['machine']}: CPU {r['cpu']} ({r['cpu_count']} cores{mem}, {r.get('os') or '?'}); "
+            f"accelerator {r['device']} "
+            f"({r['device_kind']}: {r['device_description']}); oallama {r['oallama_version']}, llama.cpp "
+            f"{str(r['build_commit'])[:9]}{' + ' + r['build_patches'].replace(';', ', ') if r['build_patches'] else ''}"
+            f"{', CUDA build' if r['cuda_build'] else ''}")
+
+
+RPC_NOTE = ("The accelerator here is a loopback rpc-server, i.e. another CPU process on the same machine: "
+            "these timings prove the harness, they are no evidence of a speed-up.")
+
+
+def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]], title: str) -> str:
+    lines = [f"# oallama bench: {title}", ""]
+    if not records:
+        lines += ["No finished configurations yet.", ""]
+    else:
+        r0 = records[0]
+        lines += [f"Machine: {machine_line(r0)}.", "", f"Settings: {settings_text(records)}.", ""]
+        if any(r["device_kind"] == "rpc" for r in records):
+            lines += [RPC_NOTE, ""]
+        lines += ["Columns: on acc = accelerator bytes of the load by llama.cpp's accounting (planned); "
+                  "TTFT/TPOT/e2e measured (median ± stddev) with the planner's prediction in the `pred` column; "
+                  "device peak = " + "; ".join(sorted({r["source"] for r in records
+                                                        if r["metric"] == "device_peak_bytes"}) or ["not measured"])
+                  + ".", ""]
+        cfgs = by_config(records)
+        models = sorted({r["model"] for r in records})
+        for model in models:
+            mrecs = [r for r in records if r["model"] == model]
+            lines += [f"## {model} ({_mib(mrecs[0]['model_weight_bytes'])} MiB of weights, "
+                      f"{mrecs[0]['model_n_layer']} layers)", ""]
+            for prompt, gen in sorted({(r["prompt"], r["gen"]) for r in mrecs}):
+                ids = list(dict.fromkeys(r["config_id"] for r in mrecs if (r["prompt"], r["gen"]) == (prompt, gen)))
+                lines += [f"### prompt {prompt}, generate {gen} (n_ctx {cfgs[ids[0]]['e2e_ms']['n_ctx']})", "",
+                          "| budget | strategy | on acc MiB | weights on acc | TTFT ms | pred | TPOT ms | pred | "
+                          "e2e ms | pred | tok/s | host peak MiB | device peak MiB |",
+                          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                for cid in ids:
+                    m = cfgs[cid]
+                    e = m["e2e_ms"]
+                    fits = "" if e["fits_budget"] else " (over budget)"
+                    frm = f" (= {e['plan_from']})" if e["plan_from"] != e["strategy"] else ""
+                    dev = m.get("device_peak_bytes")
+                    lines.append(
+                        f"| {e['budget']} ({_mib(e['budget_bytes'])} MiB) | {e['series']}{frm} | "
+                        f"{_mib(m['device_planned_bytes']['median'])}{fits} | {100 * (e['acc_weight_share'] or 0):.0f}% | "
+                        f"{_ms(m['ttft_ms'])} | {_pred(m['ttft_ms'])} | {_ms(m['tpot_ms'], 2)} | {_pred(m['tpot_ms'], 2)} | "
+                        f"{_ms(m['e2e_ms'])} | {_pred(m['e2e_ms'])} | {m['tokens_per_s']['median']:.1f} | "
+                        f"{_mib(m['host_peak_bytes']['median'])} | {_mib(dev['median'] if dev else None)} |")
+                lines.append("")
+    if failed:
+        lines += ["## Failed configurations", "", "| model | strategy | budget | prompt | gen | error |",
+                  "|---|---|---|---|---|---|"]
+        for f in failed:
+            c = f["config"]
+            err = str(f.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
+            lines.append(f"| {c['model_name']} | {c['series']} | {c['budget']} | {c['prompt']} | {c['gen']} | {err} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+
+def _series_style(series: str) -> dict[str, Any]:
+    strat = series.split(" ")[0]
+    return {"color": STRATEGY_COLORS.get(strat, "C7"), "marker": "o" if "off" not in series else "s"}
+
+
+def _series_order(names: Iterable[str]) -> list[str]:
+    def key(s: str) -> tuple[int, int, str]:
+        strat = s.split(" ")[0]
+        return (STRATEGY_ORDER.index(strat) if strat in STRATEGY_ORDER else 99, "off" in s, s)
+
+    return sorted(set(names), key=key)
+
+
+def _grid(n: int) -> tuple[int, int]:
+    cols = min(n, 3)
+    return math.ceil(n / cols), cols
+
+
+def make_plots(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
+    """The paper's figures: end-to-end per model, TTFT vs prompt length, TPOT vs generation
+    length, time vs accelerator weight share; one colour per strategy, measured solid with the
+    spread as error bars, predicted dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in records})
+    anchors = {m: anchor_of([r for r in records if r["model"] == m]) or (0, 0) for m in models}
+    budgets = sorted({(r["budget_bytes"] / r["model_weight_bytes"], r["budget"]) for r in records})
+    budget_names = list(dict.fromkeys(b for _, b in budgets))
+    title_sfx = "\n(accelerator = loopback rpc-server: a harness check, not a speed claim)" if any(
+        r["device_kind"] == "rpc" for r in records) else ""
+    out: dict[str, Path] = {}
+
+    def pick(metric: str, model: str, **kw: Any) -> list[dict[str, Any]]:
+        return [r for r in records if r["metric"] == metric and r["model"] == model
+                and all(r[k] == v for k, v in kw.items())]
+
+    # 1. end-to-end per model: grouped bars (groups = models, each at its anchor workload; bars =
+    # strategies), one panel per budget
+    rows, cols = _grid(len(budget_names))
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
+    for ax, budget in zip(axes.flat, budget_names, strict=False):
+        recs = [r for m in models for r in pick("e2e_ms", m, prompt=anchors[m][0], gen=anchors[m][1],
+                                                 budget=budget)]
+        series = _series_order(r["series"] for r in recs)
+        width = 0.8 / max(len(series), 1)
+        for j, s in enumerate(series):
+            xs, ys, es, ps = [], [], [], []
+            for k, m in enumerate(models):
+                r = next((r for r in recs if r["model"] == m and r["series"] == s), None)
+                if r is not None:
+                    xs.append(k + (j - (len(series) - 1) / 2) * width)
+                    ys.append(r["median"])
+                    es.append(r["stddev"])
+                    ps.append(r["predicted"])
+            st = _series_style(s)
+            ax.bar(xs, ys, width, yerr=es, color=st["color"], label=s, capsize=2)
+            ax.scatter(xs, ps, marker="_", s=220, color="black", zorder=3,
+                       label="predicted" if j == 0 else None)
+        ax.set_xticks(range(len(models)), [f"{m}\nprompt {anchors[m][0]}, gen {anchors[m][1]}" for m in models],
+                      fontsize=7)
+        vals = [r["median"] for r in recs if r["median"] > 0]
+        if vals and max(vals) / min(vals) > 20:
+            ax.set_yscale("log")  # models of very different sizes side by side
+        ax.set_ylabel("end-to-end ms")
+        ax.set_title(f"budget {budget}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(budget_names):]:
+        ax.axis("off")
+    fig.suptitle("End-to-end time per model" + title_sfx, fontsize=10)
+    fig.tight_layout()
+    out["plot_e2e"] = _save(fig, out_dir / PLOTS["e2e"])
+
+    # 2./3. TTFT vs prompt length (at the anchor gen), TPOT vs generation length (at the anchor prompt)
+    for key, metric, xkey, xlabel in (("ttft", "ttft_ms", "prompt", "prompt tokens"),
+                                      ("tpot", "tpot_ms", "gen", "generated tokens")):
+        panels = [(m, b) for m in models for b in budget_names]
+        rows, cols = _grid(len(panels))
+        fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+        for ax, (model, budget) in zip(axes.flat, panels, strict=False):
+            fixed = {"gen": anchors[model][1]} if xkey == "prompt" else {"prompt": anchors[model][0]}
+            recs = pick(metric, model, budget=budget, **fixed)
+            _lines(ax, recs, xkey)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("TTFT ms" if metric == "ttft_ms" else "TPOT ms")
+            (k, v), = fixed.items()
+            ax.set_title(f"{model}, budget {budget}, {k} {v}", fontsize=9)
+            xs = sorted({r[xkey] for r in recs})
+            if xkey == "prompt" and len(xs) > 1:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.minorticks_off()
+        for ax in list(axes.flat)[len(panels):]:
+            ax.axis("off")
+        what = "TTFT vs prompt length" if key == "ttft" else "TPOT vs generation length"
+        fig.suptitle(f"{what} (solid measured, dashed predicted){title_sfx}", fontsize=10)
+        fig.tight_layout()
+        out[f"plot_{key}"] = _save(fig, out_dir / PLOTS[key])
+
+    # 4. time vs the accelerator's share of the weights (budget as a share), at the anchor workload
+    panels2 = [(m, metric) for m in models for metric in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    rows, cols = len(models), 3
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (model, metric) in zip(axes.flat, panels2, strict=False):
+        ap, ag = anchors[model]
+        recs = [dict(r, share=100 * r["budget_share"]) for r in pick(metric, model, prompt=ap, gen=ag)]
+        _lines(ax, recs, "share")
+        shares = sorted({r["share"] for r in recs})
+        ax.set_xticks(shares, [f"{x:.0f}%" for x in shares])
+        ax.set_xlabel("accelerator budget, % of the weights")
+        ax.set_ylabel({"ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "e2e_ms": "end-to-end ms"}[metric])
+        ax.set_title(f"{model}: prompt {ap}, generate {ag}", fontsize=9)
+    for ax in list(axes.flat)[len(panels2):]:
+        ax.axis("off")
+    fig.suptitle("Time vs GPU weight share (solid measured, dashed predicted)" + title_sfx, fontsize=10)
+    fig.tight_layout()
+    out["plot_share"] = _save(fig, out_dir / PLOTS["share"])
+    plt.close("all")
+    return out
+
+
+def _lines(ax: Any, recs: Sequence[dict[str, Any]], xkey: str) -> None:
+    for s in _series_order(r["series"] for r in recs):
+        pts = sorted((r[xkey], r["median"], r["stddev"], r["predicted"]) for r in recs if r["series"] == s)
+        st = _series_style(s)
+        xs = [p[0] for p in pts]
+        ax.errorbar(xs, [p[1] for p in pts], yerr=[p[2] for p in pts], color=st["color"], marker=st["marker"],
+                    linestyle="-", capsize=2, markersize=4, label=s)
+        if any(p[3] is not None for p in pts):
+            ax.plot(xs, [p[3] if p[3] is not None else float("nan") for p in pts], color=st["color"],
+                    linestyle="--", linewidth=1, marker="x", markersize=5)
+    vals = [v for r in recs for v in (r["median"], r["predicted"]) if v is not None and v > 0]
+    if vals and max(vals) / min(vals) > 20:
+        ax.set_yscale("log")  # e.g. flexgen an order of magnitude above the rest
+    if recs:
+        ax.legend(fontsize=7)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# --- README ------------------------------------------------------------------------------------
+
+
+def result_dirs(paths: Sequence[Path]) -> list[Path]:
+    """Directories at or under `paths` holding a results.json of this schema, by name."""
+    found: dict[Path, None] = {}
+    for p in paths:
+        for f in sorted([p / "results.json", *p.rglob("*/results.json")]):
+            if f.is_file():
+                try:
+                    read_records(f)
+                except (ValueError, OSError, AttributeError):
+                    continue  # another benchmark's results
+                found[f.parent] = None
+    return sorted(found, key=lambda d: (d.name, str(d)))
+
+
+def readme_section(dirs: Sequence[Path], readme: Path) -> str:
+    """Markdown between the README markers: per results directory, the end-to-end table at the
+    anchor workload (models x budgets, one column per strategy) and links to the details."""
+    lines = ["_Generated by `oallama bench-report bench/results --readme README.md` (or `scripts/gpu_eval.sh "
+             "report`) from the results directories below; edit those, not this section._", ""]
+    gpu_seen = False
+    for d in result_dirs(dirs):
+        records = read_records(d / "results.json")
+        if not records:
+            continue
+        rel = Path(os.path.relpath(d, readme.parent)).as_posix()
+        r0 = records[0]
+        rpc = any(r["device_kind"] == "rpc" for r in records)
+        gpu_seen = gpu_seen or any(r["device_kind"] in ("gpu", "igpu") for r in records)
+        lines += [f"### {d.name}{' (CPU + loopback rpc-server: harness check)' if rpc else ''}", "",
+                  f"{machine_line(r0)}. Settings: {settings_text(records)}.", ""]
+        if rpc:
+            lines += [RPC_NOTE, ""]
+        models = sorted({r["model"] for r in records})
+        e2e = []
+        for m in models:
+            ap, ag = anchor_of([r for r in records if r["model"] == m]) or (0, 0)
+            e2e += [r for r in records if r["model"] == m and r["metric"] == "e2e_ms" and (r["prompt"], r["gen"]) == (ap, ag)]
+        series = _series_order(r["series"] for r in e2e)
+        ratio_col = not rpc  # a ratio of timings on an rpc-server would read as a claim
+        lines += ["End-to-end ms per model at one workload (prompt 64 / generate 32, the paper's, where measured): "
+                  "measured median (planner's prediction)"
+                  + ("; the last column is layers' time over optimal's." if ratio_col else "."), "",
+                  "| model | prompt / gen | budget | " + " | ".join(series) + (" | layers / optimal |" if ratio_col else " |"),
+                  "|---|---|---|" + "---|" * (len(series) + ratio_col)]
+        for model in models:
+            for budget in dict.fromkeys(r["budget"] for r in sorted(e2e, key=lambda r: r["budget_bytes"])
+                                        if r["model"] == model):
+                cells = {r["series"]: r for r in e2e if r["model"] == model and r["budget"] == budget}
+                row = [f"{cells[s]['median']:.1f} ({cells[s]['predicted']:.1f})" if s in cells else "-"
+                       for s in series]
+                ratio = (f"{cells['layers']['median'] / cells['optimal']['median']:.2f}x"
+                         if "layers" in cells and "optimal" in cells and cells["optimal"]["median"] > 0 else "-")
+                any_r = next(iter(cells.values()))
+                lines.append(f"| {model} | {any_r['prompt']} / {any_r['gen']} | {budget} | " + " | ".join(row)
+                             + (f" | {ratio} |" if ratio_col else " |"))
+        plots = " · ".join(f"[{name.removesuffix('.png').replace('_', ' ')}]({rel}/{name})"
+                           for name in PLOTS.values() if (d / name).exists())
+        lines += ["", f"All workloads and metrics: [summary]({rel}/summary.md), [JSON]({rel}/results.json), "
+                  f"[CSV]({rel}/results.csv). Plots: {plots}.", ""]
+    if not gpu_seen:
+        lines += ["No GPU results yet: `scripts/gpu_eval.sh` runs the paper's grid on a GPU machine in resumable "
+                  "chunks (see its header) and regenerates this section.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def update_readme(readme: Path, dirs: Sequence[Path]) -> None:
+    """Replace the text between the markers (creating them under '## Results' if missing);
+    nothing else in the README changes."""
+    text = readme.read_text() if readme.exists() else ""
+    body = readme_section(dirs, readme)
+    if README_BEGIN in text and README_END in text and text.index(README_BEGIN) < text.index(README_END):
+        head, rest = text.split(README_BEGIN, 1)
+        _, tail = rest.split(README_END, 1)
+        text = f"{head}{README_BEGIN}\n{body}{README_END}{tail}"
+    else:
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        text = f"{text}{sep}## Results\n\n{README_BEGIN}\n{body}{README_END}\n"
+    readme.write_text(text)
