@@ -4,14 +4,35 @@
 
 #include "ggml-rpc.h"
 
-#include <map>
+#include <algorithm>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 
 static bool is_rpc_device(ggml_backend_dev_t dev) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     return reg != nullptr && std::string(ggml_backend_reg_name(reg)).rfind("RPC", 0) == 0;
+}
+
+// rpc-server devices oallama added, in order. They are deliberately NOT registered with ggml's
+// global registry: llama.cpp's default device selection (devices = NULL) takes every registered
+// RPC device, so a stock llama_cpp.Llama in this process would start using them, and abort the
+// process once one of the servers is gone. Loads that want them name them explicitly.
+static std::mutex g_rpc_mutex;
+static std::vector<ggml_backend_dev_t> g_rpc_devices;
+
+// every device: ggml's registry, then oallama's rpc-server devices
+static std::vector<ggml_backend_dev_t> all_devices() {
+    std::vector<ggml_backend_dev_t> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        out.push_back(ggml_backend_dev_get(i));
+    }
+    std::lock_guard<std::mutex> lock(g_rpc_mutex);
+    for (ggml_backend_dev_t d : g_rpc_devices) {
+        if (std::find(out.begin(), out.end(), d) == out.end()) {
+            out.push_back(d);
+        }
+    }
+    return out;
 }
 
 std::string oallama_device_get_name(ggml_backend_dev_t dev) {
@@ -22,8 +43,7 @@ std::string oallama_device_get_name(ggml_backend_dev_t dev) {
     // devices of that endpoint in registration order
     const std::string endpoint = ggml_backend_dev_description(dev);
     int index = 0;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+    for (ggml_backend_dev_t d : all_devices()) {
         if (d == dev) {
             break;
         }
@@ -53,8 +73,7 @@ static oallama_device_kind device_kind(ggml_backend_dev_t dev) {
 
 std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory) {
     std::vector<oallama_device_info> out;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    for (ggml_backend_dev_t dev : all_devices()) {
         oallama_device_info info;
         info.name        = oallama_device_get_name(dev);
         info.ggml_name   = ggml_backend_dev_name(dev);
@@ -75,8 +94,7 @@ std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory) {
 
 ggml_backend_dev_t oallama_device_by_name(const std::string & name) {
     std::string known;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    for (ggml_backend_dev_t dev : all_devices()) {
         const std::string ours = oallama_device_get_name(dev);
         if (ours == name || name == ggml_backend_dev_name(dev)) {
             return dev;
@@ -87,16 +105,18 @@ ggml_backend_dev_t oallama_device_by_name(const std::string & name) {
 }
 
 std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint) {
-    static std::mutex mutex;
-    static std::set<ggml_backend_reg_t> registered;
-    std::lock_guard<std::mutex> lock(mutex);
-
-    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
+    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());  // one per endpoint
     if (reg == nullptr) {
         throw std::runtime_error("rpc-server at " + endpoint + " reports no devices");
     }
-    if (registered.insert(reg).second) {
-        ggml_backend_register(reg);
+    {
+        std::lock_guard<std::mutex> lock(g_rpc_mutex);
+        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, i);
+            if (std::find(g_rpc_devices.begin(), g_rpc_devices.end(), dev) == g_rpc_devices.end()) {
+                g_rpc_devices.push_back(dev);
+            }
+        }
     }
     std::vector<std::string> names;
     for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {

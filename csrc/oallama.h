@@ -96,9 +96,10 @@ std::string oallama_device_get_name(ggml_backend_dev_t dev);
 // Device by oallama name or by ggml name; throws std::runtime_error listing the known devices.
 ggml_backend_dev_t oallama_device_by_name(const std::string & name);
 
-// Register a running rpc-server ("host:port") with ggml, once per endpoint; returns the oallama
-// names of its devices. The caller must have checked that the endpoint accepts connections:
-// ggml-rpc aborts the process on a refused connection.
+// Add a running rpc-server ("host:port")'s devices to oallama's device table, once per endpoint;
+// returns their oallama names. They are not registered with ggml's global registry (llama.cpp's
+// default device selection would take them); loads name them explicitly. The caller must have
+// checked that the endpoint accepts connections: ggml-rpc aborts the process on a refusal.
 std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint);
 
 //

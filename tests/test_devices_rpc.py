@@ -84,6 +84,19 @@ def test_taken_port_is_a_clear_error() -> None:
         assert first.alive()
 
 
+def test_a_gone_server_does_not_poison_default_loads(tiny_q8) -> None:
+    # oallama keeps rpc-server devices out of ggml's global registry: llama.cpp's default device
+    # selection (a stock llama_cpp.Llama here) must not see, and abort on, a server that went away
+    import llama_cpp
+
+    server = rpc.start_server(threads=1)
+    devices.resolve(server.device_name)
+    server.stop()
+    llm = llama_cpp.Llama(str(tiny_q8), n_ctx=128, verbose=False)
+    assert llm.tokenize(b"still fine")
+    llm.close()
+
+
 def test_memory_of_a_gone_server_is_not_fatal() -> None:
     # ggml-rpc aborts the process on a refused connection: asking a stopped server for its
     # memory must be caught before it reaches ggml
