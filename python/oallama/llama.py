@@ -132,6 +132,7 @@ class _LoadRequest:
     offload_policy: dict[str, int] | None = None  # host weight -> min batch (patch 0001)
     plan: dict[str, Any] | None = None  # the plan document, when there is one
     raw_overrides: list[tuple[str, str]] | None = None  # patterns used as they are (llama.cpp's fit)
+    llama_kwargs: dict[str, Any] | None = None  # further llama_cpp.Llama arguments the plan sets
 
 
 def _from_plan_document(doc: dict[str, Any]) -> _LoadRequest:
@@ -181,6 +182,14 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
     if placement is None or isinstance(placement, Mapping):
         return _LoadRequest(dict(placement) if placement is not None else None)
     if isinstance(placement, str | Path):
+        schema = place.read_placement_file(placement).get("schema")
+        if schema == "oallama.distplan/1":  # blocks on several rpc-servers (oallama distribute)
+            from . import distributed
+
+            doc = distributed.read_plan(placement, model)
+            load = dict(doc.get("load") or {})
+            return _LoadRequest(dict(doc["placement"]), list(doc["devices"]), load.pop("n_gpu_layers", None),
+                                plan=doc, llama_kwargs=load)
         doc = planmod.read_plan(placement, model)
         if doc.get("schema") == planmod.SCHEMA:
             return _from_plan_document(doc)
@@ -203,6 +212,10 @@ class Llama(llama_cpp.Llama):
                 raise PlanError(f"n_gpu_layers={kwargs['n_gpu_layers']} conflicts with the plan's "
                                 f"n_gpu_layers={req.n_gpu_layers}")
             kwargs["n_gpu_layers"] = req.n_gpu_layers
+        for k, v in (req.llama_kwargs or {}).items():
+            if k in kwargs and kwargs[k] != v:
+                raise PlanError(f"{k}={kwargs[k]!r} conflicts with the plan's {k}={v!r}")
+            kwargs[k] = v
         if kwargs.get("op_offload") is False and req.offload_policy:
             from .schedmodel import NEVER
 

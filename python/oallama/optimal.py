@@ -102,13 +102,30 @@ class _Program:
 
     def solve(self, time_limit: float, cutoff: float | None = None,
               start: Mapping[int, float] | None = None) -> tuple[str, np.ndarray, float, float]:
-        """(status, column values, objective, relative MIP gap). A time-limited run keeps the
-        best solution found (and says so in the status and the gap)."""
+        """(status, column values, objective, relative MIP gap).
+
+        A small portfolio, measured on 32B-shaped programs: HiGHS without presolve proves most
+        of them optimal in well under a second but stalls on a few; with presolve it solves some
+        of those. So: without presolve for a short while, then with presolve for the rest of the
+        time, seeded with the best solution so far. A run cut short keeps its best solution and
+        reports the remaining gap."""
+        first = min(3.0, time_limit / 3)
+        result = self._run(first, cutoff, start, presolve=False)
+        if result[0] == "Optimal" or time_limit - first <= 0.5:
+            return result
+        seed = start
+        if math.isfinite(result[2]):
+            seed = {i: float(round(result[1][i])) for i in range(len(self.lb)) if self.integer[i]}
+        second = self._run(time_limit - first, cutoff, seed, presolve=True)
+        return second if second[2] <= result[2] else result
+
+    def _run(self, time_limit: float, cutoff: float | None, start: Mapping[int, float] | None,
+             presolve: bool) -> tuple[str, np.ndarray, float, float]:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit))
         h.setOptionValue("mip_rel_gap", 1e-6)
-        h.setOptionValue("presolve", "off")  # measured: presolve stalls these programs at a ~6% gap
+        h.setOptionValue("presolve", "on" if presolve else "off")
         if cutoff is not None:  # only solutions better than this matter (another mode's optimum)
             h.setOptionValue("objective_bound", float(cutoff - self.offset))
         n = len(self.lb)
@@ -310,27 +327,28 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
             prog.geq(_Lin(0, {up: 1}), d)
             prog.geq(_Lin(0, {down: 1}), a.minus(b))
 
-    # memory (bytes)
+    # memory, in units of the budget: byte counts (~1e10) in a row mislead HiGHS's tolerances
+    unit = float(max(budget, 1))
     mem = _Lin(0.0)
     for w in weights:
-        mem.t[x[w]] = float(weight_bytes.get(w, 0))
+        mem.t[x[w]] = weight_bytes.get(w, 0) / unit
     if full:
-        mem.c += float(sum(kv_bytes.values()))
+        mem.c += sum(kv_bytes.values()) / unit
     else:
         for layer, v in kv.items():
-            mem.t[v] = mem.t.get(v, 0.0) + float(kv_bytes.get(layer, 0))
+            mem.t[v] = mem.t.get(v, 0.0) + kv_bytes.get(layer, 0) / unit
     # the compute buffers' reserve is charged as a constant: the all-host placement it wrongly
     # charges stays feasible (whenever the budget covers the reserve) and costs the same, and an
     # "anything on the accelerator" indicator would only weaken the relaxation
-    mem.c += float(reserve)
+    mem.c += reserve / unit
     if s:
-        m = prog.var(0.0, math.inf)
+        m = prog.var(0.0, math.inf)  # the largest streamed weight, in budget units
         for (w, _), v in s.items():
-            prog.geq(_Lin(0, {m: 1}), _Lin(0, {v: float(weight_bytes.get(w, 0))}))
+            prog.geq(_Lin(0, {m: 1}), _Lin(0, {v: weight_bytes.get(w, 0) / unit}))
         mem.t[m] = 1.0
-    if mem.c > budget:
+    if mem.c > 1.0:
         return None
-    prog.leq_const(mem, float(budget))
+    prog.leq_const(mem, 1.0)
 
     t_build = time.perf_counter() - t0
     start_cols: dict[int, float] | None = None

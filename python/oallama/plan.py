@@ -361,7 +361,8 @@ def read_plan(path: str | Path, model: gguf_file.GGUFInfo | None = None) -> dict
     """A plan file's JSON, checked: schema, and (given the model) that it was made for it."""
     doc = place.read_placement_file(path)
     if doc.get("schema") not in (None, SCHEMA):
-        raise PlanError(f"{path}: unsupported plan schema {doc.get('schema')!r} (this oallama reads {SCHEMA})")
+        raise PlanError(f"{path}: unsupported plan schema {doc.get('schema')!r} (this oallama reads {SCHEMA}, "
+                        "and oallama.distplan/1 from `oallama distribute`)")
     ident = doc["model"].get("identity") if isinstance(doc.get("model"), dict) else None
     if model is not None and ident and ident != model.identity():
         raise PlanError(f"{path}: plan was made for model '{doc['model'].get('name', '?')}' "
