@@ -59,7 +59,7 @@ def test_bad_profile_files(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no such profile"):
         Profile.load(tmp_path / "missing.json")
     (tmp_path / "x.json").write_text("{not json")
-    with pytest.raises(ProfileError, match="not JSON"):
+    with pytest.raises(ProfileError, match="not a JSON profile"):
         Profile.load(tmp_path / "x.json")
     (tmp_path / "y.json").write_text('{"schema": "other"}')
     with pytest.raises(ProfileError, match="not an oallama profile"):

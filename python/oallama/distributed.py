@@ -77,7 +77,6 @@ fits nowhere, block 0 on device 0, total memory, contiguity, packing).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -86,6 +85,7 @@ from typing import Any
 
 import numpy as np
 
+from ._files import read_json
 from .errors import PlanError
 
 DEVICES_SCHEMA = "oallama.devices/1"
@@ -204,14 +204,8 @@ def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
 
 
 def read_devices(path: str | Path) -> Cluster:
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{p}: no such devices file (write one with `oallama probe HOST:PORT ...`)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanError(f"{p}: not a JSON devices file ({e})") from None
-    return parse_devices(doc, str(p))
+    doc = read_json(path, "devices file", PlanError, "write one with `oallama probe HOST:PORT ...`")
+    return parse_devices(doc, str(path))
 
 
 # --- the model: blocks, their FLOPs, bytes and activations -----------------------------------

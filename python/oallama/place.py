@@ -20,7 +20,6 @@ host memory.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import devices as devmod
+from ._files import read_json
 from .errors import PlacementError, PlanError
 from .gguf_file import GGUFInfo
 
@@ -96,12 +96,7 @@ class LoadSpec:
 def read_placement_file(path: str | Path) -> dict[str, Any]:
     """A placement or plan file (JSON with a "placement" mapping)."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{p}: no such placement/plan file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanError(f"{p}: not a JSON placement/plan file ({e})") from None
+    doc = read_json(p, "placement/plan file", PlanError)
     if not isinstance(doc, dict) or not isinstance(doc.get("placement"), dict):
         raise PlanError(f"{p}: expected a JSON object with a 'placement' mapping of weight name -> device")
     return doc

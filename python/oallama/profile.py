@@ -31,6 +31,7 @@ from typing import Any
 
 from . import __version__, _core, _libs
 from . import devices as devmod
+from ._files import read_json
 from .errors import ProfileError
 from .inspect import Inventory, TargetOp, inventory
 
@@ -181,13 +182,7 @@ class Profile:
 
     @staticmethod
     def load(path: str | Path) -> Profile:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"{path}: no such profile") from None
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{path}: not JSON ({e})") from None
-        return Profile.from_json(doc, path)
+        return Profile.from_json(read_json(path, "profile", ProfileError), path)
 
 
 def _cpu_name() -> str:
