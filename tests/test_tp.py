@@ -138,25 +138,30 @@ def test_reference_close_to_llama_cpp_q8_0(tiny_q8_0: Path) -> None:
 def test_streaming_equals_resident_and_holds_less(tiny_q8_0: Path, reference) -> None:
     tokens, logits = reference
     dec = TPDecoder(tiny_q8_0, None, TPOptions(n_ctx=128, stream=True))
-    res = dec.generate(PROMPT, N_GEN, keep_logits=True)
-    res2 = dec.generate(PROMPT, N_GEN, keep_logits=True)  # reset() then the same again
-    st = dec.store
-    assert res.tokens == tokens == res2.tokens
-    assert np.array_equal(np.stack(res.logits), logits)
-    # the prefetch thread did the loading, except layer 0 of each generation's first pass
-    assert any(n.startswith("oallama-prefetch") for n in st.load_threads)
-    assert threading.current_thread().name in st.load_threads
-    # at most two layers (current + prefetched) with their KV, never all four
-    layer_bytes = load_layer(dec.src, dec.cfg, dec.shard, 0).nbytes
-    kv_bytes = 2 * (len(PROMPT) + N_GEN) * dec.shard.n_kv * dec.cfg.head_dim * 4
-    assert 2 * layer_bytes <= st.acct.peak <= 2 * (layer_bytes + kv_bytes)
-    for fut in st._pending.values():
-        fut.result()
-    assert layer_bytes <= st.acct.current <= layer_bytes + kv_bytes  # only layer 0, prefetched for the next step
-    dec.close()
+    try:
+        res = dec.generate(PROMPT, N_GEN, keep_logits=True)
+        res2 = dec.generate(PROMPT, N_GEN, keep_logits=True)  # reset() then the same again
+        st = dec.store
+        assert res.tokens == tokens == res2.tokens
+        assert np.array_equal(np.stack(res.logits), logits)
+        # the prefetch thread did the loading, except layer 0 of each generation's first pass
+        assert any(n.startswith("oallama-prefetch") for n in st.load_threads)
+        assert threading.current_thread().name in st.load_threads
+        # at most two layers (current + prefetched) with their KV, never all four; whether the
+        # prefetch was in flight at the peak is timing, so the lower bound is one layer
+        layer_bytes = load_layer(dec.src, dec.cfg, dec.shard, 0).nbytes
+        kv_bytes = 2 * (len(PROMPT) + N_GEN) * dec.shard.n_kv * dec.cfg.head_dim * 4
+        assert layer_bytes <= st.acct.peak <= 2 * (layer_bytes + kv_bytes)
+        for fut in st._pending.values():
+            fut.result()
+        assert layer_bytes <= st.acct.current <= layer_bytes + kv_bytes  # only layer 0, prefetched for the next step
+    finally:
+        dec.close()
     full = TPDecoder(tiny_q8_0, None, TPOptions(n_ctx=128))
-    assert full.store.acct.peak >= 4 * layer_bytes
-    full.close()
+    try:
+        assert full.store.acct.peak >= 4 * layer_bytes
+    finally:
+        full.close()
 
 
 # --------------------------------------------------------------------------------------------
