@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/weaver"), help="output prefix (.json, .md added)")
     args = ap.parse_args(argv)
 
-    from oallama import weaver
+    from oallama import weaver, weaver_cuda
     from oallama.errors import BuildConfigError
     from oallama.splitting import ReceiverOp, plan_splits
 
     try:
-        cu = weaver._require_cuda()
+        cu = weaver_cuda.require_cuda()
     except BuildConfigError as e:
         print(f"bench_weaver: {e}", file=sys.stderr)
         return 2
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     rx_stream = cu.stream_create(args.device, 0)
     tx_stream = cu.stream_create(args.device, -100)  # clamped to the highest priority
     ev = [cu.event_create() for _ in range(4)]
-    rx = weaver.CudaReceiver(n_head=n_head, n_head_kv=n_kv, head_dim=hd, max_seqs=1, max_ctx=args.ctx + 1,
+    rx = weaver_cuda.CudaReceiver(n_head=n_head, n_head_kv=n_kv, head_dim=hd, max_seqs=1, max_ctx=args.ctx + 1,
                              dtype=args.dtype, max_tasks=args.max_tasks, device=args.device, stream=rx_stream,
                              checksum=False)
-    tx = weaver.CudaSender(rx, device=args.device, stream=tx_stream, max_outstanding=4, timeout=30.0)
+    tx = weaver_cuda.CudaSender(rx, device=args.device, stream=tx_stream, max_outstanding=4, timeout=30.0)
     rx.load_kv(0, rng.standard_normal((args.ctx, n_kv, hd)).astype(np.float32),
                rng.standard_normal((args.ctx, n_kv, hd)).astype(np.float32))
     q_ptr, k_ptr, v_ptr, out_ptr = tx.staging(0)

@@ -481,11 +481,11 @@ def test_stress_three_sender_processes() -> None:
 # ---- GPU (compiled here, never run without a device) -------------------------------------------
 
 def _cuda_or_skip() -> Any:
-    from oallama import weaver
+    from oallama import weaver_cuda
 
-    if not weaver.cuda_available():
+    if not weaver_cuda.cuda_available():
         pytest.skip("oallama built without OALLAMA_KERNELS=ON (no oallama._weaver_cuda)")
-    return weaver
+    return weaver_cuda
 
 
 def _torch_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -545,7 +545,7 @@ def test_gpu_host_mapped_ring_serves_a_cpu_sender() -> None:
 _GPU_SENDER_PROCESS = r"""
 import json, sys
 import numpy as np
-from oallama.weaver import CudaSender
+from oallama.weaver_cuda import CudaSender
 handle = bytes.fromhex(sys.argv[1])
 rng = np.random.default_rng(5)
 outs = []

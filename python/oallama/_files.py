@@ -1,4 +1,4 @@
-"""Reading oallama's JSON documents (plans, profiles, devices files) with errors that name them."""
+"""Reading and writing oallama's JSON documents (plans, profiles, devices files, bench results)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,12 @@ def read_json(path: str | Path, what: str, error: type[Exception], hint: str = "
         raise error(f"{p}: no such {what}{f' ({hint})' if hint else ''}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{p}: not a JSON {what} ({e})") from None
+
+
+def write_json(path: str | Path, doc: Any) -> None:
+    """Write `doc` to `path` atomically: a killed process never leaves a half-written document
+    (the bench's resume logic trusts that a result file present is a finished result)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(p)

@@ -6,7 +6,7 @@
 
 The parent plans (one `plan.build_context` per model, workload and op-offload setting; the
 profile is cached, so only the first is slow) and writes one plan file per configuration. Each
-configuration then runs in a fresh `python -m oallama.bench --worker SPEC` process that loads
+configuration then runs in a fresh `python -m oallama.bench_worker SPEC` process that loads
 the model with `Llama(placement=plan)` and the run's shared settings (threads, batch/ubatch,
 flash attention, mmap, context, op offload), does `warmup` discarded runs and `reps` timed
 ones, and writes its raw result. The parent aggregates the raw results into records (JSON +
@@ -46,6 +46,7 @@ from typing import Any
 
 from . import devices as devmod
 from . import gguf_file
+from ._files import write_json
 from .errors import BudgetError, PlanError
 from .plan import BASELINES, STRATEGIES, parse_budget
 
@@ -63,9 +64,6 @@ GRIDS = ("full", "sweep")
 # the paper's end-to-end workload (prompt 64, generate 32): the anchor of the sweep grid
 PAPER_ANCHOR = (64, 32)
 OUTPUT_RESERVE_S = 20.0  # seconds kept before --max-minutes for writing results and plots
-_PROMPT_TEXT = ("The history of computing is a history of moving data to where the arithmetic happens. "
-                "Every generation of hardware changes which operations are cheap and which are slow, "
-                "and the software that decides where each piece of work runs has to follow. ")
 
 
 def _log(msg: str) -> None:
@@ -287,12 +285,6 @@ def _host_meta() -> dict[str, Any]:
             "build_patches": ";".join(b["patches"]), "cuda_build": b["cuda"]}
 
 
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)  # atomic: a killed run never leaves a half-written result
-
-
 def is_finished(raw_dir: Path, cid: str) -> bool:
     p = raw_dir / f"{cid}.json"
     if not p.exists():
@@ -410,7 +402,7 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                 p = plans.get(c.strategy)
                 if isinstance(p, str):  # planning failed
                     summary.failed[c.id] = p
-                    _write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+                    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
                                                                  "config": _config_doc(c), "error": p})
                     _log(f"[{i}/{len(pending)}] {c.label}: planning failed: {p}")
                     continue
@@ -489,11 +481,11 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
         # Llama() refuse the plan (it refuses any per-weight policy when op_offload=False)
         doc = json.loads(plan_path.read_text())
         doc["offload_min_batch"] = {w: b for w, b in (doc.get("offload_min_batch") or {}).items() if b is not None}
-        _write_json(plan_path, doc)
+        write_json(plan_path, doc)
     spec = {"schema": RAW_SCHEMA, "id": c.id, "config": _config_doc(c), "meta": meta, "plan_file": str(plan_path),
             "plan": _plan_doc(p), "server_pid": server_pid, "result": str(raw_dir / f"{c.id}.json")}
     spec_path = raw_dir / f"{c.id}.spec.json"
-    _write_json(spec_path, spec)
+    write_json(spec_path, spec)
     with contextlib.suppress(OSError):
         (raw_dir / f"{c.id}.failed.json").unlink()
     timeout = opts.config_timeout_s
@@ -501,7 +493,7 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
         timeout = min(timeout, max(deadline - time.monotonic(), 1.0))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(raw_dir / f"{c.id}.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "oallama.bench", "--worker", str(spec_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "oallama.bench_worker", str(spec_path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             rc = proc.wait(timeout)
@@ -511,7 +503,7 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
             if deadline is not None and time.monotonic() >= deadline - 1.0 and timeout < opts.config_timeout_s:
                 return "deadline"
             err = f"timed out after {timeout:.0f} s"
-            _write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+            write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
                                                          "config": _config_doc(c), "error": err})
             return err
         except BaseException:
@@ -522,121 +514,9 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
         return None
     tail = (raw_dir / f"{c.id}.log").read_bytes()[-1500:].decode(errors="replace").strip()
     err = f"worker exited with code {rc}: {tail.splitlines()[-1] if tail else 'no output'}"
-    _write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
                                                  "config": _config_doc(c), "error": err, "log_tail": tail})
     return err
-
-
-# --- the worker (a fresh process per configuration) -------------------------------------------
-
-
-def _prompt_tokens(llm: Any, n: int) -> list[int]:
-    """Exactly n tokens (BOS first) of a fixed English text: the same prompt for every placement."""
-    toks = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=True))
-    body = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=False)) or [toks[-1]]
-    while len(toks) < n:
-        toks += body
-    return toks[:n]
-
-
-class _DeviceMemory:
-    """Peak accelerator memory of this process's load, by the best source the device offers."""
-
-    def __init__(self, acc: str, kind: str, server_pid: int | None) -> None:
-        self.acc, self.kind, self.pid = acc, kind, server_pid
-        self.base = 0
-        self.samples: list[int] = []
-        if kind in ("gpu", "igpu"):
-            self.source = "ggml free-memory drop on the device (after load and after the runs)"
-            self.base = self._free()
-        elif kind == "rpc" and server_pid is not None and self._rss(server_pid) is not None:
-            # reset the server's peak RSS (VmHWM) so that it covers this load only
-            try:
-                Path(f"/proc/{server_pid}/clear_refs").write_text("5")
-                self.source = "rpc-server peak RSS (VmHWM) above its RSS before the load"
-            except OSError:
-                self.source = "rpc-server RSS above its RSS before the load (sampled)"
-            self.base = self._rss(server_pid) or 0
-        else:
-            self.source = "none"
-
-    def _free(self) -> int:
-        return next((d.memory_free for d in devmod.list_devices() if d.name == self.acc), 0)
-
-    @staticmethod
-    def _rss(pid: int, field_name: str = "VmRSS") -> int | None:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * 1024  # kB -> bytes
-        except OSError:
-            return None
-        return None
-
-    def sample(self) -> None:
-        if self.kind in ("gpu", "igpu"):
-            self.samples.append(self.base - self._free())
-        elif self.source != "none" and self.pid is not None:
-            now = self._rss(self.pid) or 0
-            hwm = self._rss(self.pid, "VmHWM") if "VmHWM" in self.source else None
-            self.samples.append(max(now, hwm or 0) - self.base)
-
-    def peak(self) -> int | None:
-        return max(self.samples) if self.samples else None
-
-
-def _worker(spec_path: str) -> int:
-    import resource
-
-    from .llama import Llama
-    from .run import timed_generate
-
-    spec = json.loads(Path(spec_path).read_text())
-    cfg, st, meta = spec["config"], spec["config"]["settings"], spec["meta"]
-    acc = json.loads(Path(spec["plan_file"]).read_text())["accelerator"]
-    devmod.resolve(acc)  # registers an rpc-server before measuring it
-    mem = _DeviceMemory(acc, meta["device_kind"], spec.get("server_pid"))
-    t0 = time.perf_counter()
-    llm = Llama(cfg["model"], placement=spec["plan_file"], n_ctx=cfg["n_ctx"], n_batch=st["n_batch"],
-                n_ubatch=st["n_ubatch"], n_threads=st["threads"], n_threads_batch=st["threads"],
-                flash_attn=st["flash_attn"], use_mmap=st["mmap"], op_offload=cfg["op_offload"], seed=1234,
-                verbose=False)
-    load_s = time.perf_counter() - t0
-    mem.sample()
-    placed = llm.tensor_placements()
-    acc_bytes = sum(t.nbytes for t in placed if t.device == acc)
-    plan_doc = json.loads(Path(spec["plan_file"]).read_text())
-    want = plan_doc.get("placement") or {}
-    got = llm.tensor_devices()
-    # the plan's weight -> device (for layers and fit: where llama.cpp's own load puts them, as
-    # the planner modelled it) against what this load reports
-    mismatches = sorted(w for w, d in want.items() if w in got and got[w] != d)
-    prompt = _prompt_tokens(llm, cfg["prompt"])
-    samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
-    warm: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
-    tokens: list[int] = []
-    for rep in range(st["warmup"] + st["reps"]):
-        g = timed_generate(llm, prompt, cfg["gen"], temperature=0.0)
-        if len(g.tokens) != cfg["gen"]:
-            raise RuntimeError(f"generated {len(g.tokens)} tokens, expected {cfg['gen']}")
-        dst = warm if rep < st["warmup"] else samples
-        dst["ttft_ms"].append(g.ttft_s * 1e3)
-        dst["tpot_ms"].append(g.tpot_s * 1e3 if cfg["gen"] > 1 else 0.0)
-        dst["e2e_ms"].append(g.e2e_s * 1e3)
-        tokens = g.tokens
-        mem.sample()
-    llm.close()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,
-              "warmup_samples": warm, "prompt_tokens": len(prompt), "gen_tokens": cfg["gen"],
-              "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
-              "memory": {"host_peak_bytes": ru.ru_maxrss * 1024,  # ru_maxrss is in KiB on Linux
-                         "device_peak_bytes": mem.peak(), "device_source": mem.source,
-                         "device_planned_bytes": spec["plan"]["memory"]["total"]},
-              "placement": {"acc_weight_bytes": acc_bytes, "mismatches": mismatches[:20],
-                            "n_mismatches": len(mismatches)}}
-    _write_json(Path(spec["result"]), result)
-    return 0
 
 
 # --- CLI ---------------------------------------------------------------------------------------
@@ -752,8 +632,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "--worker":
-        return _worker(argv[1])
     from .cli import main
 
     return main(["bench", *argv])
