@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 
 import oallama  # noqa: F401  (points llama_cpp at oallama's libraries)
-from oallama import distributed as D
-from oallama import probe, rpc, synthetic
-from oallama.presets import PRESETS
+from oallama import cluster as D
+from oallama.cluster import probe
+from oallama.model import synthetic
+from oallama.model.presets import PRESETS
+from oallama.runtime import rpc
 
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ("milp", "memory", "equal")
@@ -149,7 +151,7 @@ def _prompt_tokens(n: int) -> list[int]:
 def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: Path, *, reps: int,
                scenario: dict[str, Any] | None = None, matmul: int = 4096) -> dict[str, Any]:
     """Probe the devices, plan with each strategy, run each plan and time it."""
-    from oallama.run import timed_generate
+    from oallama.runtime.generate import timed_generate
 
     model = bench_model()
     print(f"[{label}] probing {', '.join(endpoints)}", file=sys.stderr, flush=True)
@@ -216,8 +218,8 @@ def asdict_solution(sol: D.Solution | None) -> dict[str, Any] | None:
 def run_cpu_reference(reps: int) -> dict[str, Any]:
     """The whole model on this process's CPU (1 thread): what one machine with enough memory
     does, and how much of a token the planner's matmul-only compute term leaves out."""
-    from oallama.llama import Llama
-    from oallama.run import timed_generate
+    from oallama.runtime.generate import timed_generate
+    from oallama.runtime.llama import Llama
 
     model = bench_model()
     llm = Llama(str(model), n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False)

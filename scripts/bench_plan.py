@@ -22,8 +22,10 @@ from datetime import date
 from pathlib import Path
 
 import oallama  # noqa: F401
-from oallama import devices, plan, rpc, synthetic
-from oallama.profile import _cpu_name, build_info
+from oallama.model import synthetic
+from oallama.planner import plan
+from oallama.planner.profile import _cpu_name, build_info
+from oallama.runtime import devices, rpc
 
 
 def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps: int) -> dict:

@@ -33,9 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns_hosts
 from oallama import collective as C
-from oallama import synthetic
-from oallama.presets import PRESETS
-from oallama.tp import TPOptions, run_distributed
+from oallama.collective.tp.decoder import TPOptions, run_distributed
+from oallama.model import synthetic
+from oallama.model.presets import PRESETS
 
 # the seed's claims for its system (tree + memory manager) against a parameter-server baseline
 SEED = {"ttft_change": (-0.61, -0.34), "tps_change": (0.52, 1.50), "memory_change": -0.61}

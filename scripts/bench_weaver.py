@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/weaver"), help="output prefix (.json, .md added)")
     args = ap.parse_args(argv)
 
-    from oallama import weaver, weaver_cuda
     from oallama.errors import BuildConfigError
-    from oallama.splitting import ReceiverOp, plan_splits
+    from oallama.weaver import cuda as weaver_cuda
+    from oallama.weaver import host as weaver
+    from oallama.weaver.splitting import ReceiverOp, plan_splits
 
     try:
         cu = weaver_cuda.require_cuda()

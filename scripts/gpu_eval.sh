@@ -194,7 +194,7 @@ step_build() {
     [ "$rc" = 0 ] || die "the CUDA build failed (rc $rc)"
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade build/gpu-wheel/oallama-*.whl \
         || die "installing the oallama wheel failed"
-    $PY -c "import oallama._core as c; assert c.have_cuda, 'built without CUDA'; from oallama import devices; print([d.name for d in devices.list_devices()])" >&2 \
+    $PY -c "import oallama._core as c; assert c.have_cuda, 'built without CUDA'; from oallama.runtime import devices; print([d.name for d in devices.list_devices()])" >&2 \
         || die "the CUDA build does not import or sees no device"
     touch build/gpu-build.ok
     say "CUDA build done in $(( $(date +%s) - t0 )) s"

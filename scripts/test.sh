@@ -8,5 +8,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 echo; echo "==> ruff"
 ruff check python tests scripts
+echo; echo "==> import contracts (pyproject: [tool.importlinter])"
+lint-imports
 echo; echo "==> pytest"
 python -m pytest "$@"

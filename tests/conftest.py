@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import oallama  # noqa: F401  (points llama_cpp at oallama's libraries before anyone imports it)
-from oallama import rpc
+from oallama.runtime import rpc
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # profiles measured by tests go to a private cache, never the user's
@@ -20,7 +20,7 @@ os.environ["OALLAMA_CACHE"] = tempfile.mkdtemp(prefix="oallama-test-cache-")
 
 
 def _synth(tmp_path_factory: pytest.TempPathFactory, preset: str, qtype: str, **kw: object) -> Path:
-    from oallama import synthetic
+    from oallama.model import synthetic
 
     suffix = "-".join(f"{k}{v}" for k, v in kw.items())
     path = tmp_path_factory.getbasetemp() / "models" / f"{preset}-{qtype}{'-' + suffix if suffix else ''}.gguf"
@@ -53,7 +53,7 @@ def rpc_server() -> Iterator[rpc.RpcServer]:
 
 
 def has_cuda() -> bool:
-    from oallama import devices
+    from oallama.runtime import devices
 
     return any(d.kind == "gpu" and d.backend == "CUDA" for d in devices.list_devices())
 

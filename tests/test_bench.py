@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from oallama import bench, bench_report, cli
+from oallama import cli
+from oallama.bench import harness as bench
+from oallama.bench import report as bench_report
 
 # 1 budget x 2 strategies x 1 workload, 1 timed run after 1 warm-up; ubatch 64 so that the
 # compute buffers of the tiny model leave room for weights in a 75% budget

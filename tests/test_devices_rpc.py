@@ -10,7 +10,8 @@ import warnings
 import pytest
 
 from helpers import closed_port
-from oallama import RpcServerError, UnknownDeviceError, devices, rpc
+from oallama import RpcServerError, UnknownDeviceError
+from oallama.runtime import devices, rpc
 
 
 def test_cpu_is_always_there() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oallama import distributed as D
-from oallama import distsolve
+from oallama import cluster as D
+from oallama.cluster import solver as distsolve
 from oallama.errors import InfeasiblePlanError, PlanError
 
 # --- devices files ---------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_qos_penalties_steer_away_from_a_lossy_jittery_link() -> None:
 
 
 def test_model_cost_from_llama_cpps_graph(tiny_q8: Path) -> None:
-    from oallama import gguf_file
+    from oallama.model import gguf_file
 
     info = gguf_file.read(tiny_q8)
     cost = D.model_cost(tiny_q8, (1, 16), n_ctx=256)
@@ -270,7 +270,7 @@ def two_servers() -> Iterator[list]:
     """Session-scoped on purpose: once a process has used an rpc-server, ggml keeps it
     registered, and ggml aborts the process if a registered server is gone when a later test
     lists devices with their memory."""
-    from oallama import rpc
+    from oallama.runtime import rpc
 
     with rpc.start_server(threads=1) as a, rpc.start_server(threads=1) as b:
         yield [a, b]
@@ -278,7 +278,7 @@ def two_servers() -> Iterator[list]:
 
 @pytest.fixture(scope="module")
 def devices_file(two_servers: list, tmp_path_factory: pytest.TempPathFactory, tiny_q8: Path) -> Path:
-    from oallama import probe
+    from oallama.cluster import probe
 
     opts = probe.ProbeOptions(matmul_k=256, matmul_m=256, tokens=(1, 16), samples=3, rtt_samples=5, warmup=1,
                               payload_bytes=2**16, compute_target_s=0.02, compute_repeats=1)
@@ -299,7 +299,7 @@ def _logits(llm, tokens: list[int]) -> np.ndarray:
 
 
 def test_two_server_run_matches_one_machine(tiny_q8: Path, devices_file: Path, tmp_path: Path) -> None:
-    from oallama.llama import Llama
+    from oallama.runtime.llama import Llama
 
     cluster = D.read_devices(devices_file)
     plan = D.plan_model(tiny_q8, cluster, D.DistOptions(n_prompt=16, n_gen=4, n_ctx=256))
@@ -329,7 +329,7 @@ def test_two_server_run_matches_one_machine(tiny_q8: Path, devices_file: Path, t
 
 def test_plan_file_loads_with_llama_placement(tiny_q8: Path, devices_file: Path, tmp_path: Path) -> None:
     """Llama(path, placement=plan_file): devices and per-tensor placement from the file."""
-    from oallama.llama import Llama
+    from oallama.runtime.llama import Llama
 
     plan = D.plan_model(tiny_q8, D.read_devices(devices_file), D.DistOptions(n_prompt=16, n_gen=4, n_ctx=256))
     path = plan.write(tmp_path / "plan.json")
@@ -420,7 +420,7 @@ def test_scenario_run_in_namespaces_and_torn_down(tmp_path: Path) -> None:
     scenario.write_text(json.dumps({"name": "one", "duration_s": 120, "devices": [
         {"name": "d0", "memory_mib": 64, "link": {"rate_mbit": 200, "delay_ms": 5, "jitter_ms": 0, "loss_pct": 0}}]}))
     out = tmp_path / "probe.json"
-    client = ("import json, os, sys; from oallama import probe; "
+    client = ("import json, os, sys; from oallama.cluster import probe; "
               "sc = json.load(open(os.environ['OALLAMA_SCENARIO'])); "
               "o = probe.ProbeOptions(payload_bytes=2**16, samples=3, rtt_samples=5, warmup=1, matmul_k=256, "
               "matmul_m=128, tokens=(1,), compute_target_s=0.02, compute_repeats=1); "

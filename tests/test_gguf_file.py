@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from helpers import raises_cleanly
-from oallama import Llama, ModelFileError, gguf_file
+from oallama import Llama, ModelFileError
+from oallama.model import gguf_file
 
 KW: dict[str, Any] = {"n_ctx": 256, "verbose": False, "n_threads": 2}
 

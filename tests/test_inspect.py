@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from oallama import gguf_file
 from oallama.cli import main as cli_main
-from oallama.inspect import inventory
+from oallama.model import gguf_file
+from oallama.planner.graph import inventory
 
 PRESETS = ["tiny", "qwq-32b", "minicpm3-4b"]  # llama, qwen2, MLA
 
 
 @pytest.fixture(scope="session")
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from oallama import synthetic
+    from oallama.model import synthetic
 
     d = tmp_path_factory.mktemp("inspect")
     return {p: synthetic.write_model(d / f"{p}.gguf", p, "q4_k_m", n_layer=3, shape_only=True, progress=False)

@@ -62,7 +62,8 @@ def test_cuda_kernels_compile(kernels_build: tuple[Path, str]) -> None:
 _SMOKE = r"""
 import glob, importlib.util, sys
 import oallama
-from oallama import errors, weaver_cuda as weaver
+from oallama import errors
+from oallama.weaver import cuda as weaver
 path = glob.glob(sys.argv[1] + "/_weaver_cuda*.so")[0]
 spec = importlib.util.spec_from_file_location("oallama._weaver_cuda", path)
 mod = importlib.util.module_from_spec(spec)

@@ -25,17 +25,10 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 
 from helpers import closed_port, raises_cleanly
-from oallama import (
-    Llama,
-    PlacementError,
-    PlanError,
-    RpcServerError,
-    UnknownDeviceError,
-    devices,
-    gguf_file,
-    rpc,
-)
-from oallama.place import DEFAULT_RULE
+from oallama import Llama, PlacementError, PlanError, RpcServerError, UnknownDeviceError
+from oallama.model import gguf_file
+from oallama.runtime import devices, rpc
+from oallama.runtime.place import DEFAULT_RULE
 
 N_CTX = 256
 THREADS = 2
@@ -376,7 +369,8 @@ def test_refused_model_leaves_nothing_for_the_garbage_collector(tiny_q8: Path) -
 
 _DIES_MID_RUN = textwrap.dedent("""
     import os, signal, sys, time
-    from oallama import Llama, rpc
+    from oallama import Llama
+    from oallama.runtime import rpc
 
     server = rpc.start_server(threads=1)
     dev = server.device_name

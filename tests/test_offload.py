@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oallama import Llama, PlanError, _core, rpc
-from oallama.inspect import GraphSession
+from oallama import Llama, PlanError, _core
+from oallama.planner.graph import GraphSession
+from oallama.runtime import rpc
 
 W = "blk.0.ffn_up.weight"
 
@@ -66,7 +67,7 @@ def test_live_context_keeps_the_policy_and_outputs_match(tiny_f16: Path, rpc_ser
 
 
 def _core_graph(ctx: int, n: int):
-    from oallama.inspect import Graph
+    from oallama.planner.graph import Graph
 
     return Graph(n, _core.graph(ctx, n, 1))
 

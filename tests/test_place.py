@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from oallama.place import MAX_OVERRIDES, LoadSpec, compile_patterns
+from oallama.runtime.place import MAX_OVERRIDES, LoadSpec, compile_patterns
 
 SUFFIXES = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias", "attn_output.weight",
             "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight"]

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oallama import BudgetError, Llama, PlanError, UnknownDeviceError, devices, optimal, rpc
-from oallama.inspect import GraphSession
-from oallama.place import compile_patterns
-from oallama.plan import (
+from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
+from oallama.planner import optimal
+from oallama.planner.graph import GraphSession
+from oallama.planner.plan import (
     STRATEGIES,
     Workload,
     affinity_order,
@@ -24,8 +24,10 @@ from oallama.plan import (
     make_plan,
     parse_budget,
 )
-from oallama.profile import Profile
-from oallama.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.planner.profile import Profile
+from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.runtime import devices, rpc
+from oallama.runtime.place import compile_patterns
 
 GiB, MiB = 2**30, 2**20
 
@@ -66,7 +68,7 @@ def test_workload_checks_its_fields() -> None:
 @pytest.fixture(scope="session")
 def shape_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Metadata-complete models with real shapes (zero data: graphs and scheduling only)."""
-    from oallama import synthetic
+    from oallama.model import synthetic
 
     d = tmp_path_factory.mktemp("shape")
     out = {}
@@ -116,7 +118,7 @@ def tiny_f16(synth_model) -> Path:
 
 @pytest.fixture(scope="session")
 def measured_ctx(tiny_f16: Path, rpc_server: rpc.RpcServer):
-    from oallama.profile import profile_model
+    from oallama.planner.profile import profile_model
 
     prof = profile_model(tiny_f16, [HOST, rpc_server.device_name], threads=1, repeats=2, progress=False)
     return build_context(tiny_f16, rpc_server.device_name, WORKLOAD, profile=prof, threads=1, progress=False)

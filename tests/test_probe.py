@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oallama import RpcServerError, rpc
-from oallama import distributed as D
-from oallama import probe as P
+from oallama import RpcServerError
+from oallama import cluster as D
+from oallama.cluster import probe as P
+from oallama.runtime import rpc
 
 FAST = P.ProbeOptions(payload_bytes=2**16, samples=3, rtt_samples=5, warmup=1, matmul_k=256, matmul_m=128,
                       tokens=(1, 8), compute_target_s=0.02, compute_repeats=1)

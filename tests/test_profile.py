@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from oallama import ProfileError, rpc
-from oallama.inspect import TargetOp, inventory
-from oallama.profile import Link, Profile, Settings, profile_model, signatures
+from oallama import ProfileError
+from oallama.planner.graph import TargetOp, inventory
+from oallama.planner.profile import Link, Profile, Settings, profile_model, signatures
+from oallama.runtime import rpc
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from oallama import Llama, cli
-from oallama.run import timed_generate
+from oallama.runtime.generate import timed_generate
 
 PROMPT = "The quick brown fox"
 

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from oallama.splitting import (
+from oallama.weaver.splitting import (
     PARAMETRIC,
     SEQUENCE,
     ReceiverOp,

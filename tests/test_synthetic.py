@@ -16,9 +16,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 import oallama
-from oallama import _libs, synthetic
-from oallama.gguf_file import read
-from oallama.presets import PRESETS
+from oallama import _libs
+from oallama.model import synthetic
+from oallama.model.gguf_file import read
+from oallama.model.presets import PRESETS
 
 MakeModel = Callable[..., Path]
 

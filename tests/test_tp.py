@@ -15,9 +15,9 @@ from gguf.quants import dequantize
 
 import oallama  # noqa: F401  (llama_cpp on oallama's libraries)
 from oallama import collective as C
-from oallama.gguf_file import read
-from oallama.tp import TPDecoder, TPOptions, run_distributed
-from oallama.tp_memory import GGUFSource, LlamaConfig, Shard, load_layer
+from oallama.collective.tp.decoder import TPDecoder, TPOptions, run_distributed
+from oallama.collective.tp.memory import GGUFSource, LlamaConfig, Shard, load_layer
+from oallama.model.gguf_file import read
 
 PROMPT = [1, 450, 996, 1354, 1701, 2916, 432, 1204, 975, 278, 1366, 203]  # ids < 4096 (tiny's vocab)
 N_GEN = 6

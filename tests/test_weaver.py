@@ -20,7 +20,7 @@ import pytest
 
 from oallama import _weaver
 from oallama.errors import WeaverError, WeaverTaskError, WeaverTimeoutError
-from oallama.weaver import (
+from oallama.weaver.host import (
     BAD_SEQ,
     CORRUPT,
     OK,
@@ -248,7 +248,7 @@ def test_attach_refuses_foreign_memory(tmp_path: Path) -> None:
 
 
 def test_receiver_failure_completes_every_taken_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    from oallama import weaver
+    from oallama.weaver import host as weaver
 
     rng = np.random.default_rng(5)
     with Receiver(n_head=4, n_head_kv=2, head_dim=64, max_seqs=4, max_ctx=4) as rx, Sender(rx.name) as tx:
@@ -431,7 +431,7 @@ def test_stress_threads_no_task_lost_duplicated_or_torn() -> None:
 _SENDER_PROCESS = r"""
 import json, sys
 import numpy as np
-from oallama.weaver import Sender, decode_attention, from_storage, to_storage
+from oallama.weaver.host import Sender, decode_attention, from_storage, to_storage
 
 name, sender, seq0, n_seqs, n_tokens = sys.argv[1], *map(int, sys.argv[2:6])
 tx = Sender(name)
@@ -481,7 +481,7 @@ def test_stress_three_sender_processes() -> None:
 # ---- GPU (compiled here, never run without a device) -------------------------------------------
 
 def _cuda_or_skip() -> Any:
-    from oallama import weaver_cuda
+    from oallama.weaver import cuda as weaver_cuda
 
     if not weaver_cuda.cuda_available():
         pytest.skip("oallama built without OALLAMA_KERNELS=ON (no oallama._weaver_cuda)")
@@ -545,7 +545,7 @@ def test_gpu_host_mapped_ring_serves_a_cpu_sender() -> None:
 _GPU_SENDER_PROCESS = r"""
 import json, sys
 import numpy as np
-from oallama.weaver_cuda import CudaSender
+from oallama.weaver.cuda import CudaSender
 handle = bytes.fromhex(sys.argv[1])
 rng = np.random.default_rng(5)
 outs = []

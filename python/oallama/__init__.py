@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _libs
+from ._version import __version__
 from .errors import (
     BudgetError,
     LibraryMismatchError,
@@ -24,13 +25,24 @@ from .errors import (
     RpcServerError,
     UnknownDeviceError,
 )
+from .runtime import planfile as _planfile
 
 _libs.configure_llama_cpp()
 
-__version__ = "0.1.0"
+
+def _planner() -> Any:
+    # the composition root: the runtime asks for plans, oallama's planner makes them (imported
+    # on first use, so `import oallama` stays light and the runtime never imports the planner)
+    from .planner.plan import LoadPlanner
+
+    return LoadPlanner()
+
+
+_planfile.set_planner(_planner)
+
 
 if TYPE_CHECKING:
-    from .llama import Llama
+    from .runtime.llama import Llama
 
 __all__ = [
     "BudgetError",
@@ -43,13 +55,14 @@ __all__ = [
     "ProfileError",
     "RpcServerError",
     "UnknownDeviceError",
+    "__version__",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # Llama pulls in llama_cpp (and its libraries); load it on first use only
     if name == "Llama":
-        from .llama import Llama
+        from .runtime.llama import Llama
 
         return Llama
     raise AttributeError(f"module 'oallama' has no attribute {name!r}")

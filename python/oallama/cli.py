@@ -13,17 +13,17 @@ from .errors import OallamaError
 
 # pipeline order: synth -> devices -> inspect -> profile -> plan -> run -> bench
 _COMMAND_MODULES = [
-    "oallama.synthetic",
-    "oallama.devices",
-    "oallama.inspect",
-    "oallama.profile",
-    "oallama.plan",
-    "oallama.run",
-    "oallama.bench",
-    "oallama.rpc",
-    "oallama.probe",
-    "oallama.distributed",
-    "oallama.tp",
+    "oallama.model.synthetic",
+    "oallama.runtime.devices",
+    "oallama.planner.graph",
+    "oallama.planner.profile",
+    "oallama.planner.plan",
+    "oallama.runtime.generate",
+    "oallama.bench.harness",
+    "oallama.runtime.rpc",
+    "oallama.cluster.probe",
+    "oallama.cluster.distribute",
+    "oallama.collective.tp.decoder",
 ]
 
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__
 

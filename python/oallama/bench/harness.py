@@ -1,0 +1,633 @@
+"""`oallama bench`: TTFT/TPOT of placements on the same accelerator memory budget.
+
+    oallama bench MODEL [MODEL ...] --gpu-budget 25%,50%,75% \\
+        --strategies layers,fit,flexgen,affinity,optimal \\
+        --prompt 32,64,128,256,512 --gen 32,64,128 --reps 5 -o DIR
+
+The parent plans (one `plan.build_context` per model, workload and op-offload setting; the
+profile is cached, so only the first is slow) and writes one plan file per configuration. Each
+configuration then runs in a fresh `python -m oallama.bench.worker SPEC` process that loads
+the model with `Llama(placement=plan)` and the run's shared settings (threads, batch/ubatch,
+flash attention, mmap, context, op offload), does `warmup` discarded runs and `reps` timed
+ones, and writes its raw result. The parent aggregates the raw results into records (JSON +
+CSV, one schema), a Markdown summary and PNG plots (`bench_report`).
+
+Layout of DIR:
+    raw/<id>.spec.json   what the worker was asked to run (config, settings, plan summary)
+    raw/<id>.plan.json   the plan file it loaded
+    raw/<id>.json        its result; present = finished (written atomically)
+    raw/<id>.log         its stderr
+    results.json, results.csv, summary.md, *.png
+
+A configuration's id is a hash of (model identity, device identity, strategy, budget, prompt,
+gen, op offload, settings, build): a rerun skips finished ones, so an interrupted run resumes
+where it stopped, and `--max-minutes` stops cleanly before a time limit.
+
+Timings measured with a loopback rpc-server as the "accelerator" only prove the harness: that
+accelerator is another CPU process on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._files import write_json
+from ..errors import BudgetError, PlanError
+from ..model import gguf_file
+from ..planner.plan import BASELINES, STRATEGIES, parse_budget
+from ..runtime import devices as devmod
+
+SCHEMA = "oallama.bench/1"
+RAW_SCHEMA = "oallama.bench.raw/1"
+# run order within a budget (the paper's baselines first); optimal last: it takes the other
+# plans as candidates
+_ORDER = ("layers", "fit", "flexgen", "affinity")
+ALL_STRATEGIES = tuple([s for s in _ORDER if s in STRATEGIES + BASELINES]
+                       + [s for s in STRATEGIES + BASELINES if s not in (*_ORDER, "optimal")] + ["optimal"])
+# strategies whose weights llama.cpp itself places: its default op offload applies to them
+STOCK_STRATEGIES = ("layers", "fit")
+OP_OFFLOAD_MODES = ("on", "off", "both")
+GRIDS = ("full", "sweep")
+# the paper's end-to-end workload (prompt 64, generate 32): the anchor of the sweep grid
+PAPER_ANCHOR = (64, 32)
+OUTPUT_RESERVE_S = 20.0  # seconds kept before --max-minutes for writing results and plots
+
+
+def _log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+# --- options and configurations ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Settings every configuration of a run shares (recorded with every figure)."""
+
+    threads: int  # CPU threads for prompt and generation (n_threads = n_threads_batch)
+    n_batch: int = 512  # tokens per llama_decode call
+    n_ubatch: int = 512  # tokens per graph (physical batch); the planner plans for it
+    flash_attn: bool = False
+    mmap: bool = True
+    reps: int = 5  # timed repetitions per configuration
+    warmup: int = 1  # discarded runs before them
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration: a model, a placement strategy at a budget, a workload."""
+
+    model: str  # path of the GGUF file (not part of the identity)
+    model_name: str  # file stem
+    model_identity: str  # gguf_file identity (tensor names/shapes/types) + file size
+    device: str  # accelerator name at planning time (an rpc-server's port changes: not identity)
+    device_identity: str  # profile.device_identity: what the measurement is valid for
+    strategy: str
+    budget: str  # as requested: "50%" (share of the weights) or "12GiB"
+    prompt: int  # prompt tokens
+    gen: int  # generated tokens
+    op_offload: bool  # llama.cpp's op offload (host weights' ops streamed to the accelerator)
+    n_ctx: int  # context size, from the workload (plan.Workload.n_ctx)
+    settings: RunSettings
+    build: str  # oallama version + llama.cpp commit
+
+    @property
+    def id(self) -> str:
+        doc = asdict(self)
+        for k in ("model", "model_name", "device"):
+            doc.pop(k)
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def series(self) -> str:
+        return self.strategy if self.op_offload else f"{self.strategy} (op offload off)"
+
+    @property
+    def label(self) -> str:
+        return f"{self.model_name} {self.series} @{self.budget} prompt {self.prompt} gen {self.gen}"
+
+
+@dataclass
+class BenchOptions:
+    """Everything `oallama bench` takes (see `register` for the command line)."""
+
+    models: list[Path]
+    out: Path
+    budgets: list[str] = field(default_factory=lambda: ["25%", "50%", "75%"])
+    strategies: list[str] = field(default_factory=lambda: list(ALL_STRATEGIES))
+    prompts: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512])
+    gens: list[int] = field(default_factory=lambda: [32, 64, 128])
+    grid: str = "full"  # full: every prompt x gen; sweep: prompts at the anchor gen + gens at the anchor prompt
+    anchor: tuple[int, int] | None = None  # (prompt, gen) of the sweep; default 64/32 when listed
+    threads: int | None = None  # None: the profiler's default (half the cores)
+    ubatch: int = 512
+    flash_attn: bool = False
+    mmap: bool = True
+    reps: int = 5
+    warmup: int = 1
+    op_offload: str = "on"  # on | off | both (both: layers and fit also without op offload)
+    device: str | None = None  # accelerator; None: the first GPU, else --rpc-local
+    rpc_local: bool = False  # start a loopback rpc-server when there is no GPU
+    rpc_threads: int = 1
+    max_minutes: float | None = None  # stop launching (and stop a worker) before this many minutes
+    config_timeout_s: float = 1800.0  # a worker running longer is killed and recorded as failed
+    progress: bool = True
+    plots: bool = True
+
+    def check(self) -> None:
+        """Raise PlanError / BudgetError for bad input, before anything runs."""
+        if not self.models:
+            raise PlanError("name at least one model")
+        unknown = [s for s in self.strategies if s not in ALL_STRATEGIES]
+        if unknown or not self.strategies:
+            raise PlanError(f"strategy '{','.join(unknown)}': choose from {', '.join(ALL_STRATEGIES)}")
+        if not self.budgets:
+            raise BudgetError("name at least one budget (--gpu-budget 50%)")
+        for b in self.budgets:
+            parse_budget(b, 1 << 40)
+        for name, vals in (("--prompt", self.prompts), ("--gen", self.gens)):
+            if not vals or any(v < 1 for v in vals):
+                raise PlanError(f"{name}: token counts must be >= 1 (got {vals})")
+        if self.grid not in GRIDS:
+            raise PlanError(f"grid '{self.grid}': choose {' or '.join(GRIDS)}")
+        if self.op_offload not in OP_OFFLOAD_MODES:
+            raise PlanError(f"--op-offload '{self.op_offload}': choose on, off or both")
+        if self.reps < 1 or self.warmup < 0:
+            raise PlanError(f"--reps must be >= 1 and --warmup >= 0 (got {self.reps}, {self.warmup})")
+        if self.ubatch < 1 or (self.threads is not None and self.threads < 1):
+            raise PlanError("--ubatch and --threads must be >= 1")
+        if self.anchor is not None and (self.anchor[0] not in self.prompts or self.anchor[1] not in self.gens):
+            raise PlanError(f"--anchor {self.anchor[0]},{self.anchor[1]}: must be one of the listed prompts and gens")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise PlanError("--max-minutes must be > 0")
+
+    def workloads(self) -> list[tuple[int, int]]:
+        """(prompt, gen) pairs, the anchor first (what the paper's end-to-end figure uses)."""
+        ap, ag = self.anchor or (PAPER_ANCHOR[0] if PAPER_ANCHOR[0] in self.prompts else self.prompts[0],
+                                 PAPER_ANCHOR[1] if PAPER_ANCHOR[1] in self.gens else self.gens[0])
+        if self.grid == "full":
+            pairs = [(p, g) for g in self.gens for p in self.prompts]
+        else:
+            pairs = [(p, ag) for p in self.prompts] + [(ap, g) for g in self.gens]
+        return list(dict.fromkeys([(ap, ag), *pairs]))
+
+    def variants(self) -> list[tuple[str, bool]]:
+        """(strategy, op_offload) pairs to run at each budget, in run order."""
+        strategies = [s for s in ALL_STRATEGIES if s in self.strategies]
+        if self.op_offload == "on":
+            return [(s, True) for s in strategies]
+        if self.op_offload == "off":
+            # flexgen *is* op offload (every op streamed): it has no off variant
+            return [(s, False) for s in strategies if s != "flexgen"]
+        return [(s, True) for s in strategies] + [(s, False) for s in strategies if s in STOCK_STRATEGIES]
+
+
+@dataclass
+class BenchSummary:
+    total: int  # configurations in the grid
+    done_before: int  # finished before this run (skipped)
+    launched: list[str] = field(default_factory=list)  # config ids run by this run (workers started)
+    finished: list[str] = field(default_factory=list)  # of those, the ones with a result
+    failed: dict[str, str] = field(default_factory=dict)  # id -> error
+    remaining: int = 0  # not finished when the run ended (time limit, failures)
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+
+# --- the accelerator ---------------------------------------------------------------------------
+
+
+def _device_meta(dev: devmod.Device) -> dict[str, Any]:
+    from ..planner.profile import device_identity
+
+    return {"device": dev.name, "device_kind": dev.kind, "device_description": dev.description,
+            "device_backend": dev.backend, "device_identity": device_identity(dev),
+            "device_memory_total": dev.memory_total}
+
+
+def _listening_pid(endpoint: str) -> int | None:
+    """pid of the local process listening on host:port (an rpc-server named by --device)."""
+    try:
+        import psutil
+
+        host, port = devmod.parse_endpoint(endpoint)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            return None
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return int(c.pid)
+    except Exception:
+        return None
+    return None
+
+
+def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
+    """(device, rpc-server we started or None)."""
+    from ..runtime import rpc
+
+    if opts.device:
+        return devmod.resolve(opts.device), None
+    gpu = next((d for d in devmod.list_devices() if d.kind in ("gpu", "igpu")), None)
+    if gpu is not None:
+        if opts.rpc_local:
+            _log(f"using {gpu.name} ({gpu.description}); --rpc-local is only for machines without a GPU")
+        return gpu, None
+    if not opts.rpc_local:
+        raise PlanError("no GPU here: name an accelerator with --device (e.g. RPC[host:port]) or use --rpc-local")
+    # the server's RSS is its "device memory": have glibc mmap every buffer over 64 KiB, so that
+    # a buffer freed when one worker disconnects is returned to the system, and the next
+    # worker's load shows up as RSS again (the dynamic threshold would keep it on the heap)
+    saved = {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [saved["GLIBC_TUNABLES"],
+                                                          "glibc.malloc.mmap_threshold=65536"]))
+    try:
+        server = rpc.start_server(threads=opts.rpc_threads)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _log(f"started a loopback rpc-server as the accelerator: {server.device_name} (pid {server.pid}, "
+         f"{opts.rpc_threads} thread(s)); its timings only prove the harness")
+    return devmod.resolve(server.device_name), server
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def _host_meta() -> dict[str, Any]:
+    from ..planner.profile import _cpu_name, build_info
+
+    b = build_info()
+    try:
+        import psutil
+
+        mem_total = int(psutil.virtual_memory().total)
+    except ImportError:  # pragma: no cover - psutil is a dependency of the benchmark
+        mem_total = 0
+    return {"machine": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count() or 0,
+            "host_memory_bytes": mem_total, "os": f"{platform.system()} {platform.release()}",
+            "oallama_version": b["oallama"], "build_commit": b["llama_cpp_commit"],
+            "build_patches": ";".join(b["patches"]), "cuda_build": b["cuda"]}
+
+
+def is_finished(raw_dir: Path, cid: str) -> bool:
+    p = raw_dir / f"{cid}.json"
+    if not p.exists():
+        return False
+    try:
+        return json.loads(p.read_text()).get("status") == "ok"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _fmt_s(s: float) -> str:
+    s = max(int(s), 0)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def build_configs(opts: BenchOptions, dev_identity: str, dev_name: str, settings: RunSettings,
+                  build: str) -> list[Config]:
+    from ..planner.plan import Workload
+
+    infos = [(Path(m), gguf_file.check_model(m)) for m in opts.models]
+    out = []
+    for prompt, gen in opts.workloads():
+        n_ctx = Workload(prompt, gen, "e2e", settings.n_ubatch).n_ctx
+        for path, info in infos:
+            ident = f"{info.identity()}:{path.stat().st_size}"
+            for budget in opts.budgets:
+                for strategy, oo in opts.variants():
+                    out.append(Config(str(path.resolve()), path.stem, ident, dev_name, dev_identity, strategy,
+                                      budget.strip(), prompt, gen, oo, n_ctx, settings, build))
+    return out
+
+
+def run_bench(opts: BenchOptions) -> BenchSummary:
+    """Plan and run every configuration of the grid that has no result yet; aggregate."""
+    from ..planner.profile import Settings
+    from . import report as bench_report
+
+    opts.check()
+    for m in opts.models:
+        gguf_file.check_model(m)
+    t_start = time.monotonic()
+    deadline = None
+    if opts.max_minutes:
+        # keep time for aggregating and plotting after the last configuration (seconds)
+        reserve = min(OUTPUT_RESERVE_S if opts.plots else OUTPUT_RESERVE_S / 4, opts.max_minutes * 60 * 0.2)
+        deadline = t_start + opts.max_minutes * 60 - reserve
+    raw_dir = opts.out / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    if opts.flash_attn and opts.progress:
+        _log("note: the planner's graphs are built without flash attention; predictions assume it off")
+    dev, server = _accelerator(opts)
+    try:
+        threads = opts.threads or Settings(max((os.cpu_count() or 2) // 2, 1)).threads
+        settings = RunSettings(threads, opts.ubatch, opts.ubatch, opts.flash_attn, opts.mmap, opts.reps, opts.warmup)
+        host = _host_meta()
+        build = f"{host['oallama_version']}+{host['build_commit']}"
+        meta = {**host, **_device_meta(dev)}
+        server_pid = server.pid if server is not None else None
+        if server_pid is None and dev.kind == "rpc":
+            server_pid = _listening_pid(dev.description)
+        configs = build_configs(opts, meta["device_identity"], dev.name, settings, build)
+        if len({c.id for c in configs}) != len(configs):
+            raise PlanError("duplicate configurations (a budget, strategy, prompt or gen listed twice?)")
+        pending = [c for c in configs if not is_finished(raw_dir, c.id)]
+        summary = BenchSummary(len(configs), len(configs) - len(pending))
+        if opts.progress:
+            _log(f"{len(configs)} configurations ({len(opts.models)} model(s) x {len(opts.workloads())} workload(s) "
+                 f"x {len(opts.budgets)} budget(s) x {len(opts.variants())} strategy variant(s)) on {dev.name}; "
+                 f"{summary.done_before} already done, {len(pending)} to run; threads {threads}, "
+                 f"ubatch {opts.ubatch}, reps {opts.reps} (+{opts.warmup} warm-up)")
+        try:
+            _run_pending(opts, pending, summary, settings, meta, dev.name, server_pid, raw_dir, deadline)
+        finally:
+            summary.remaining = sum(not is_finished(raw_dir, c.id) for c in configs)
+            summary.outputs = bench_report.write_outputs(opts.out, plots=opts.plots)
+            if opts.progress:
+                state = "complete" if summary.remaining == 0 else (
+                    f"incomplete: {summary.remaining} configuration(s) left (run the same command again to resume)")
+                _log(f"ran {len(summary.launched)} configuration(s) ({len(summary.failed)} failed), skipped "
+                     f"{summary.done_before} finished; {state}; wrote {opts.out} in "
+                     f"{_fmt_s(time.monotonic() - t_start)}")
+        return summary
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummary, settings: RunSettings,
+                 meta: dict[str, Any], acc: str, server_pid: int | None, raw_dir: Path,
+                 deadline: float | None) -> None:
+    from ..planner import plan as planmod
+
+    groups: dict[tuple[str, int, int, bool], list[Config]] = {}
+    for c in pending:
+        groups.setdefault((c.model, c.prompt, c.gen, c.op_offload), []).append(c)
+    durations: list[float] = []
+    i = 0
+    for (model, prompt, gen, oo), group in groups.items():
+        if deadline is not None and time.monotonic() > deadline:
+            _log(f"stopping before the time limit ({opts.max_minutes:g} min)")
+            return
+        wl = planmod.Workload(prompt, gen, "e2e", settings.n_ubatch)
+        ctx = planmod.build_context(model, acc, wl, threads=settings.threads, op_offload=oo,
+                                    progress=opts.progress)
+        for budget in dict.fromkeys(c.budget for c in group):
+            todo = [c for c in group if c.budget == budget]
+            plans = _make_plans(ctx, budget, {c.strategy for c in todo}, oo)
+            for c in todo:
+                i += 1
+                est = statistics.mean(durations) if durations else 0.0
+                if deadline is not None and time.monotonic() + est * 1.1 > deadline:
+                    _log(f"stopping before the time limit ({opts.max_minutes:g} min): "
+                         f"{len(pending) - i + 1} configuration(s) left")
+                    return
+                p = plans.get(c.strategy)
+                if isinstance(p, str):  # planning failed
+                    summary.failed[c.id] = p
+                    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+                                                                 "config": _config_doc(c), "error": p})
+                    _log(f"[{i}/{len(pending)}] {c.label}: planning failed: {p}")
+                    continue
+                t0 = time.monotonic()
+                if opts.progress:
+                    eta = f", ETA {_fmt_s(est * (len(pending) - i + 1))}" if durations else ""
+                    _log(f"[{i}/{len(pending)}] {c.label} ({c.id}){eta}")
+                err = _launch(c, p, settings, meta, server_pid, raw_dir, opts, deadline)
+                summary.launched.append(c.id)
+                dt = time.monotonic() - t0
+                durations.append(dt)
+                if err is None:
+                    summary.finished.append(c.id)
+                    if opts.progress:
+                        r = json.loads((raw_dir / f"{c.id}.json").read_text())["samples"]
+                        _log(f"    done in {dt:.1f} s: TTFT {statistics.median(r['ttft_ms']):.1f} ms, "
+                             f"TPOT {statistics.median(r['tpot_ms']):.2f} ms (predicted "
+                             f"{p.predicted['ttft_ms']:.1f} / {p.predicted['tpot_ms']:.2f})")
+                elif err == "deadline":
+                    _log(f"    stopped at the time limit ({opts.max_minutes:g} min); it reruns next time")
+                    return
+                else:
+                    summary.failed[c.id] = err
+                    _log(f"    FAILED after {dt:.1f} s: {err}")
+
+
+def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool) -> dict[str, Any]:
+    """strategy -> Plan (or an error message). optimal gets every other plan as a candidate."""
+    from ..errors import OallamaError
+    from ..planner import plan as planmod
+
+    need = set(wanted)
+    if "optimal" in need:
+        need |= {s for s in ALL_STRATEGIES if s != "optimal"}
+    if not op_offload:
+        need.discard("flexgen")
+    out: dict[str, Any] = {}
+    for s in ALL_STRATEGIES:
+        if s not in need:
+            continue
+        try:
+            cands = [p for p in out.values() if not isinstance(p, str)] if s == "optimal" else []
+            out[s] = planmod.make_plan(ctx, s, budget, candidates=cands)
+        except (OallamaError, RuntimeError) as e:
+            out[s] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _config_doc(c: Config) -> dict[str, Any]:
+    d = asdict(c)
+    d["id"] = c.id
+    d["series"] = c.series
+    return d
+
+
+def _plan_doc(p: Any) -> dict[str, Any]:
+    from ..planner.schedmodel import NEVER
+
+    return {"predicted": {k: p.predicted[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms")},
+            "memory": p.memory, "budget_bytes": p.budget_bytes, "n_gpu_layers": p.n_gpu_layers,
+            "load": p.load_mode, "kv_layers": p.placement.kv_layers, "plan_seconds": p.plan_s,
+            "weights_on_acc": len(p.placement.on_acc),
+            "streamed_weights": sum(b < NEVER for b in p.offload_policy().values()),
+            "from": p.extra.get("from", p.strategy), "model_weight_bytes": int(p.model["weight_bytes"]),
+            "model_n_layer": int(p.model["n_layer"]), "model_architecture": p.model.get("architecture", "")}
+
+
+def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], server_pid: int | None,
+            raw_dir: Path, opts: BenchOptions, deadline: float | None) -> str | None:
+    """Run one configuration in a fresh process; None on success, else an error ("deadline": the
+    time limit stopped it)."""
+    plan_path = raw_dir / f"{c.id}.plan.json"
+    p.save(plan_path)
+    if not c.op_offload:
+        # without op offload nothing streams; "never stream" entries (null) would only make
+        # Llama() refuse the plan (it refuses any per-weight policy when op_offload=False)
+        doc = json.loads(plan_path.read_text())
+        doc["offload_min_batch"] = {w: b for w, b in (doc.get("offload_min_batch") or {}).items() if b is not None}
+        write_json(plan_path, doc)
+    spec = {"schema": RAW_SCHEMA, "id": c.id, "config": _config_doc(c), "meta": meta, "plan_file": str(plan_path),
+            "plan": _plan_doc(p), "server_pid": server_pid, "result": str(raw_dir / f"{c.id}.json")}
+    spec_path = raw_dir / f"{c.id}.spec.json"
+    write_json(spec_path, spec)
+    with contextlib.suppress(OSError):
+        (raw_dir / f"{c.id}.failed.json").unlink()
+    timeout = opts.config_timeout_s
+    if deadline is not None:
+        timeout = min(timeout, max(deadline - time.monotonic(), 1.0))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(raw_dir / f"{c.id}.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "oallama.bench.worker", str(spec_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            if deadline is not None and time.monotonic() >= deadline - 1.0 and timeout < opts.config_timeout_s:
+                return "deadline"
+            err = f"timed out after {timeout:.0f} s"
+            write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+                                                         "config": _config_doc(c), "error": err})
+            return err
+        except BaseException:
+            proc.kill()  # Ctrl-C: no result is written, the configuration reruns next time
+            proc.wait()
+            raise
+    if rc == 0 and is_finished(raw_dir, c.id):
+        return None
+    tail = (raw_dir / f"{c.id}.log").read_bytes()[-1500:].decode(errors="replace").strip()
+    err = f"worker exited with code {rc}: {tail.splitlines()[-1] if tail else 'no output'}"
+    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
+                                                 "config": _config_doc(c), "error": err, "log_tail": tail})
+    return err
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PlanError(f"{what} '{text}': expected comma-separated token counts, e.g. 32,64,128") from None
+    if not vals:
+        raise PlanError(f"{what} '{text}': expected comma-separated token counts, e.g. 32,64,128")
+    return vals
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    anchor = None
+    if args.anchor:
+        a = _int_list(args.anchor, "--anchor")
+        if len(a) != 2:
+            raise PlanError(f"--anchor '{args.anchor}': expected PROMPT,GEN")
+        anchor = (a[0], a[1])
+    out = Path(args.output) if args.output else Path("bench/results") / f"{time.strftime('%Y-%m-%d')}-{platform.node()}"
+    return BenchOptions(
+        models=[Path(m) for m in args.model], out=out,
+        budgets=[b.strip() for b in args.gpu_budget.split(",") if b.strip()],
+        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
+        prompts=_int_list(args.prompt, "--prompt"), gens=_int_list(args.gen, "--gen"), grid=args.grid,
+        anchor=anchor, threads=args.threads, ubatch=args.ubatch, flash_attn=args.flash_attn, mmap=not args.no_mmap,
+        reps=args.reps, warmup=args.warmup, op_offload=args.op_offload, device=args.device,
+        rpc_local=args.rpc_local, rpc_threads=args.rpc_threads, max_minutes=args.max_minutes,
+        config_timeout_s=args.config_timeout, progress=not args.quiet, plots=not args.no_plots)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import signal
+
+    opts = options_from_args(args)
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # `timeout`/kill: stop the worker and the rpc-server, keep results
+
+    previous = signal.signal(signal.SIGTERM, _term)
+    try:
+        s = run_bench(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(json.dumps({"total": s.total, "done_before": s.done_before, "launched": len(s.launched),
+                      "finished": len(s.finished), "failed": len(s.failed), "remaining": s.remaining,
+                      "outputs": {k: str(v) for k, v in s.outputs.items()}}))
+    return 1 if s.failed else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from . import report as bench_report
+
+    paths = [Path(d) for d in args.dirs]
+    for d in paths:
+        if not d.is_dir():
+            raise PlanError(f"{d}: not a directory")
+    dirs = list(dict.fromkeys([*(d for d in paths if (d / "raw").is_dir()),
+                               *(r.parent.parent for d in paths for r in d.rglob("raw/*.spec.json"))]))
+    for d in dirs:
+        if not args.readme_only:
+            outs = bench_report.write_outputs(d, plots=not args.no_plots)
+            print(f"{d}: wrote {', '.join(p.name for p in outs.values())}")
+    if args.readme:
+        bench_report.update_readme(Path(args.readme), paths)
+        print(f"updated the results section of {args.readme}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="TTFT/TPOT of placement strategies on the same accelerator budget",
+                       description="Benchmark placements: every configuration in a fresh process, resumable.")
+    p.add_argument("model", nargs="+", help="GGUF model file(s)")
+    p.add_argument("--gpu-budget", default="25%,50%,75%",
+                   help="comma-separated budgets: shares of the weights ('50%%') or bytes ('12GiB')")
+    p.add_argument("--strategies", default=",".join(ALL_STRATEGIES),
+                   help=f"comma-separated, from {','.join(ALL_STRATEGIES)}")
+    p.add_argument("--prompt", default="32,64,128,256,512", help="prompt lengths (tokens)")
+    p.add_argument("--gen", default="32,64,128", help="generation lengths (tokens)")
+    p.add_argument("--grid", choices=GRIDS, default="full",
+                   help="full: every prompt x gen; sweep: prompts at the anchor gen and gens at the anchor "
+                        "prompt (the paper's figures)")
+    p.add_argument("--anchor", help="PROMPT,GEN the sweep grid is centred on (default 64,32 where listed)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per configuration")
+    p.add_argument("--warmup", type=int, default=1, help="discarded runs before them")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: half the cores)")
+    p.add_argument("--ubatch", type=int, default=512, help="n_batch = n_ubatch (tokens)")
+    p.add_argument("--flash-attn", action="store_true", help="load with flash attention (predictions assume off)")
+    p.add_argument("--no-mmap", action="store_true", help="load without mmap")
+    p.add_argument("--op-offload", choices=OP_OFFLOAD_MODES, default="on",
+                   help="llama.cpp's op offload; both: layers and fit also run with it off")
+    p.add_argument("--device", help="the accelerator (default: the first GPU)")
+    p.add_argument("--rpc-local", action="store_true",
+                   help="without a GPU, start a loopback rpc-server as the accelerator (proves the harness only)")
+    p.add_argument("--rpc-threads", type=int, default=1)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop cleanly before this many minutes (rerun to resume)")
+    p.add_argument("--config-timeout", type=float, default=1800.0, help="seconds one configuration may take")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("-o", "--output", help="results directory (default bench/results/<date>-<machine>)")
+    p.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("bench-report", help="regenerate bench results (JSON/CSV/Markdown/PNG) and the README table")
+    r.add_argument("dirs", nargs="+", help="results directories (bench/results/<date>-<machine>)")
+    r.add_argument("--readme", help="README to update between <!-- bench:begin --> and <!-- bench:end -->")
+    r.add_argument("--readme-only", action="store_true", help="only update the README (from results.json)")
+    r.add_argument("--no-plots", action="store_true")
+    r.set_defaults(func=_cmd_report)
+
+
+__all__ = ["SCHEMA", "BenchOptions", "BenchSummary", "Config", "RunSettings", "run_bench"]

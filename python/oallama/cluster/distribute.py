@@ -1,0 +1,378 @@
+"""A distributed plan: blocks -> rpc-server devices as a plan file that oallama.Llama loads,
+the stock llama.cpp command it corresponds to, and the `oallama distribute` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError
+from ..model import gguf_file
+from ..runtime import planfile
+from .problem import (
+    CLIENT,
+    FORMULATIONS,
+    METHODS,
+    OBJECTIVES,
+    PLAN_SCHEMA,
+    Block,
+    Cluster,
+    DeviceSpec,
+    DistOptions,
+    LinkSpec,
+    ModelCost,
+    Prediction,
+    Terms,
+    _segments,
+    baseline,
+    build_problem,
+    evaluate,
+    model_cost,
+    predict,
+    read_devices,
+    violation,
+)
+from .solver import Solution, solve
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+@dataclass
+class DistPlan:
+    """An assignment of the model's blocks to devices, with what it predicts."""
+
+    cost: ModelCost
+    cluster: Cluster
+    assign: list[int]  # block j -> device index in cluster.devices
+    options: DistOptions
+    strategy: str = "milp"  # "milp" | "memory" | "equal"
+    solution: Solution | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def block_devices(self) -> list[str]:
+        return [self.cluster.devices[i].name for i in self.assign]
+
+    def segments(self) -> list[tuple[str, int, int]]:
+        return [(self.cluster.devices[d].name, a, b) for d, a, b in _segments(self.assign)]
+
+    @property
+    def contiguous(self) -> bool:
+        devs = [d for d, _, _ in self.segments()]
+        return len(devs) == len(set(devs))
+
+    def pipeline_devices(self) -> list[str]:
+        """Devices in the order the pipeline visits them first."""
+        return list(dict.fromkeys(self.block_devices))
+
+    def placement(self) -> dict[str, str]:
+        """Every weight -> device: a block's weights on its device, the rest on the client."""
+        out = dict.fromkeys(self.cost.client_tensors, CLIENT)
+        for b, dev in zip(self.cost.blocks, self.block_devices, strict=True):
+            out.update(dict.fromkeys(b.tensors, dev))
+        return out
+
+    def tensor_split(self) -> list[float] | None:
+        """Blocks per pipeline device (+1 on the last for the output layer, whose weights the
+        placement keeps on the client): llama.cpp's layer split then gives every block, and its
+        KV cache, the plan's device. None for a non-contiguous plan."""
+        if not self.contiguous:
+            return None
+        counts = [float(b - a + 1) for _, a, b in self.segments()]
+        counts[-1] += 1.0
+        return counts
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of oallama.Llama that run this plan."""
+        kw: dict[str, Any] = {"devices": [CLIENT, *self.pipeline_devices()], "placement": self.placement()}
+        split = self.tensor_split()
+        if split is not None:
+            kw["n_gpu_layers"] = self.cost.n_blocks + 1
+            kw["tensor_split"] = split
+        return kw
+
+    def objective_terms(self) -> Terms:
+        return evaluate(build_problem(self.cost, self.cluster, self.options), self.assign)
+
+    def predicted(self) -> Prediction:
+        return predict(self.cost, self.cluster, self.assign, self.options)
+
+    def memory_per_device(self) -> dict[str, int]:
+        out = {d.name: 0 for d in self.cluster.devices}
+        for b, dev in zip(self.cost.blocks, self.block_devices, strict=True):
+            out[dev] += b.memory_bytes
+        return out
+
+    def fits(self) -> str | None:
+        """None, or the memory/contiguity constraint this plan breaks (baselines may)."""
+        p = build_problem(self.cost, self.cluster, replace(self.options, contiguous=False))
+        return violation(p, self.assign)
+
+    def emit(self, binary: str = "llama-server") -> list[str]:
+        """The equivalent stock llama.cpp command line (rpc devices named as stock names them:
+        RPC0, RPC1, ... in --rpc order, one device per server)."""
+        from ..runtime.devices import parse_endpoint
+        from ..runtime.place import compile_patterns
+
+        pipeline = self.pipeline_devices()
+        endpoints: list[str] = []
+        bufts: dict[str, str] = {CLIENT: "CPU"}
+        for name in pipeline:
+            ep, index = _rpc_parts(name)
+            parse_endpoint(ep)
+            endpoints.append(ep)
+            bufts[name] = f"RPC{index}[{ep}]"
+        cmd = [binary, "-m", self.cost.path, "--rpc", ",".join(dict.fromkeys(endpoints)),
+               "--device", ",".join(f"RPC{k}" for k in range(len(pipeline)))]
+        split = self.tensor_split()
+        if split is not None:
+            cmd += ["-ngl", "999", "--tensor-split", ",".join(f"{c:g}" for c in split)]
+        for pattern, dev in compile_patterns(self.placement()):
+            cmd += ["-ot", f"{pattern}={bufts[dev]}"]
+        return cmd
+
+    def to_json(self) -> dict[str, Any]:
+        pred = self.predicted()
+        terms = self.objective_terms()
+        doc: dict[str, Any] = {
+            "schema": PLAN_SCHEMA,
+            "model": {"path": self.cost.path, "name": self.cost.name, "identity": self.cost.identity,
+                      "n_blocks": self.cost.n_blocks},
+            "devices": [CLIENT, *self.pipeline_devices()],
+            "placement": self.placement(),
+            "load": {k: v for k, v in self.load_kwargs().items() if k not in ("devices", "placement")},
+            "assignment": {
+                "strategy": self.strategy,
+                "device0": self.cluster.devices[0].name,
+                "blocks": self.block_devices,
+                "segments": [{"device": d, "first": a, "last": b} for d, a, b in self.segments()],
+                "memory_bytes": self.memory_per_device(),
+            },
+            "predicted": {
+                "ttft_s": pred.ttft_s, "tpot_s": pred.tpot_s, "e2e_s": pred.e2e_s, "stages": pred.stages,
+                "objective_ms": terms.total,
+                "terms_ms": {"T_compute": terms.compute, "T_data": terms.data,
+                             "T_complexity": terms.complexity, "T_QoS": terms.qos},
+            },
+            "options": asdict(self.options),
+            "devices_file": self.cluster.source,
+            "formulation": FORMULATION,
+            "notes": self.notes,
+        }
+        if self.solution is not None:
+            s = self.solution
+            doc["solver"] = {"method": s.method, "status": s.status, "time_s": s.time_s, "mip_gap": s.mip_gap,
+                             "variables": s.n_vars, "constraints": s.n_rows}
+        return doc
+
+    def write(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return p
+
+    def summary(self) -> str:
+        pred = self.predicted()
+        terms = self.objective_terms()
+        mem = self.memory_per_device()
+        lines = [f"{self.strategy} plan for {Path(self.cost.path).name}: {self.cost.n_blocks} blocks on "
+                 f"{len(self.pipeline_devices())} of {len(self.cluster.devices)} devices"]
+        for d, a, b in self.segments():
+            lines.append(f"  blocks {a:>3}-{b:<3} -> {d}")
+        for d in self.cluster.devices:
+            lines.append(f"  {d.name:<28} {mem[d.name] / 2**20:9.1f} MiB of {d.memory_bytes / 2**20:9.1f} MiB free")
+        lines.append(f"objective {terms.total:.2f} ms = compute {terms.compute:.2f} + data {terms.data:.2f} + "
+                     f"complexity {terms.complexity:.2f} + QoS {terms.qos:.2f}")
+        lines.append(f"predicted TTFT {pred.ttft_s * 1e3:.1f} ms ({self.options.n_prompt} tokens), "
+                     f"TPOT {pred.tpot_s * 1e3:.2f} ms, e2e {pred.e2e_s:.3f} s ({self.options.n_gen} tokens)")
+        if self.solution is not None:
+            sol = self.solution
+            size = f"{sol.n_vars} states" if sol.method == "dp" else \
+                f"HiGHS, {sol.n_vars} variables, {sol.n_rows} constraints"
+            lines.append(f"solver {sol.method}: {sol.status} in {sol.time_s * 1e3:.0f} ms ({size})")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+FORMULATION = (
+    "patent seed 004 MILP: min T_compute + T_data + T_complexity + T_QoS (ms); transfers and QoS "
+    "penalties counted per link crossing (client->block 0, each device change between consecutive "
+    "blocks = exit over the old device's link + entry over the new one's, last block->client), "
+    "the product x_i,j-1 x_k,j linearised by w_jik with sum_k w_jik = x_i,j-1, sum_i w_jik = x_k,j; "
+    "t = O/(E_p B) + TCP slow-start round trips; complexity = w_c per device used; memory "
+    "sum_j (weights_j + KV_j) x_ij <= beta free_i; block 0 on device 0 (first device of the devices "
+    "file); optional contiguity (each device entered at most once)"
+)
+
+
+def _rpc_parts(name: str) -> tuple[str, int]:
+    """'RPC[host:port]#k' -> ('host:port', k)."""
+    if not (name.startswith("RPC[") and "]" in name):
+        raise PlanError(f"device {name} is not an rpc-server device (RPC[host:port])")
+    ep, _, rest = name[4:].partition("]")
+    index = int(rest[1:]) if rest.startswith("#") and rest[1:].isdigit() else 0
+    return ep, index
+
+
+def synthetic_instance(n_blocks: int, n_devices: int, seed: int = 0, *, memory_slack: float = 1.6,
+                       uniform: bool = False) -> tuple[ModelCost, Cluster]:
+    """A random but plausible instance (8B-like blocks, phone-to-desktop devices, links from LAN
+    to a lossy Wi-Fi), for tests and solver benchmarks. Total device memory is about
+    memory_slack x what the blocks need. uniform: identical blocks, as in a real model's
+    stack; otherwise block sizes vary by +-20% (mixed quantisations)."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for j in range(n_blocks):
+        w = int((1.0 if uniform else rng.uniform(0.8, 1.2)) * 200 * 2**20)  # bytes
+        blocks.append(Block(j, (f"blk.{j}.w",), w, 16 * 2**20, {1: int(w * 2.1), 64: int(w * 2.1 * 64)},
+                            {1: 16384, 64: 16384 * 64}))
+    need = sum(b.memory_bytes for b in blocks)
+    share = rng.uniform(0.5, 1.5, n_devices)
+    devices = []
+    for i in range(n_devices):
+        gflops = rng.uniform(5, 200)
+        devices.append(DeviceSpec(
+            f"RPC[10.0.{i}.2:50052]", int(need * memory_slack * share[i] / share.sum() / 0.9),
+            {1: gflops * 0.2e9, 64: gflops * 1e9},
+            LinkSpec(latency_s=rng.uniform(0.0002, 0.02), bandwidth_up_Bps=rng.uniform(2e6, 120e6),
+                     bandwidth_down_Bps=rng.uniform(2e6, 120e6), jitter_s=rng.uniform(0, 0.01),
+                     loss=float(rng.choice([0.0, 0.0, 0.001, 0.02]))),
+        ))
+    cost = ModelCost("synthetic.gguf", "synthetic", "0" * 64, blocks, {1: 10**9, 64: 10**9},
+                     {1: 16384, 64: 16384}, ("token_embd.weight", "output.weight"), 2048)
+    return cost, Cluster(devices, {1: 50e9, 64: 200e9}, "<synthetic>")
+
+
+def plan(cost: ModelCost, cluster: Cluster, opts: DistOptions | None = None) -> DistPlan:
+    """The MILP plan for a model's blocks on a cluster."""
+    opts = opts or DistOptions()
+    sol = solve(build_problem(cost, cluster, opts), method=opts.method, formulation=opts.formulation,
+                time_limit_s=opts.time_limit_s, mip_rel_gap=opts.mip_rel_gap)
+    notes = []
+    if sol.status != "Optimal":
+        notes.append(f"HiGHS stopped at '{sol.status}' (relative gap {sol.mip_gap:.2g}): best plan found so far")
+    out = DistPlan(cost, cluster, sol.assign, opts, "milp", sol, notes)
+    if not out.contiguous:
+        out.notes.append("non-contiguous plan: llama.cpp's layer split cannot give a device two ranges, so it "
+                         "loads with per-tensor placement only and the KV cache stays on the client")
+    return out
+
+
+def baseline_plan(strategy: str, cost: ModelCost, cluster: Cluster, opts: DistOptions | None = None) -> DistPlan:
+    opts = opts or DistOptions()
+    out = DistPlan(cost, cluster, baseline(strategy, cost, cluster), opts, strategy)
+    bad = out.fits()
+    if bad:
+        out.notes.append(f"does not fit: {bad}")
+    return out
+
+
+def plan_model(model: str | Path, cluster: Cluster, opts: DistOptions | None = None, *,
+               strategy: str = "milp") -> DistPlan:
+    opts = opts or DistOptions()
+    cost = model_cost(model, (1, opts.n_prompt), n_ctx=opts.n_ctx)
+    return plan(cost, cluster, opts) if strategy == "milp" else baseline_plan(strategy, cost, cluster, opts)
+
+
+def read_plan(path: str | Path, model: gguf_file.GGUFInfo | None = None) -> dict[str, Any]:
+    """A distributed plan file's JSON, checked: schema, fields, and (given the model) that it
+    was made for it."""
+    doc = planfile.read_document(path, model, schema=PLAN_SCHEMA)
+    if not isinstance(doc.get("model"), dict) or not isinstance(doc.get("devices"), list):
+        raise PlanError(f"{path}: a distributed plan needs 'model' and 'devices'")
+    return doc
+
+
+def load(plan_or_path: DistPlan | str | Path, model_path: str | Path | None = None, **llama_kw: Any) -> Any:
+    """oallama.Llama running a plan: devices, per-tensor placement, and the layer split that
+    puts each block's KV cache on its device (a plan file's "load" section)."""
+    from ..runtime.llama import Llama
+
+    if isinstance(plan_or_path, DistPlan):
+        kw = plan_or_path.load_kwargs()
+        path = Path(model_path or plan_or_path.cost.path)
+    else:
+        doc = read_plan(plan_or_path)
+        path = Path(model_path or doc["model"]["path"])
+        read_plan(plan_or_path, gguf_file.read(path))
+        kw = {"devices": list(doc["devices"]), "placement": dict(doc["placement"]), **doc.get("load", {})}
+    return Llama(str(path), **{**kw, **llama_kw})
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _options(args: argparse.Namespace) -> DistOptions:
+    return DistOptions(beta=args.beta, contiguous=args.contiguous, w_c=args.w_c, w_q1=args.w_q1, w_q2=args.w_q2,
+                       w_q3=args.w_q3, protocol_efficiency=args.ep, tcp_initial_window=args.tcp_iw,
+                       objective=args.objective, method=args.method, formulation=args.formulation,
+                       n_prompt=args.n_prompt, n_gen=args.n_gen, n_ctx=args.ctx, time_limit_s=args.time_limit)
+
+
+def _cmd_distribute(args: argparse.Namespace) -> int:
+    cluster = read_devices(args.devices)
+    opts = _options(args)
+    print(f"planning {Path(args.model).name} on {len(cluster.devices)} devices from {args.devices} ...",
+          file=sys.stderr)
+    result = plan_model(args.model, cluster, opts, strategy=args.strategy)
+    print(result.summary())
+    if args.output:
+        result.write(args.output)
+        print(f"wrote {args.output}  (oallama run {args.model} --placement {args.output}; "
+              f"or oallama.cluster.load('{args.output}'))", file=sys.stderr)
+    if args.emit:
+        print(shlex.join(result.emit(args.emit_binary)))
+    if args.run:
+        from ..runtime.generate import placement_table, timed_generate
+
+        llm = load(result, n_ctx=max(args.ctx, args.n_prompt + args.n_gen + 8), n_threads=args.threads,
+                   n_threads_batch=args.threads, verbose=args.verbose)
+        print(placement_table(llm.tensor_placements(), [CLIENT, *result.pipeline_devices()]))
+        gen = timed_generate(llm, args.prompt, args.n_gen)
+        pred = result.predicted()
+        print(f"measured TTFT {gen.ttft_s * 1e3:.1f} ms ({gen.prompt_tokens} tokens), TPOT {gen.tpot_s * 1e3:.2f} ms;"
+              f" predicted TTFT {pred.ttft_s * 1e3:.1f} ms ({opts.n_prompt} tokens), TPOT {pred.tpot_s * 1e3:.2f} ms")
+        print(f"output: {gen.text!r}")
+        llm.close()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distribute", help="assign a model's blocks to rpc-server devices (MILP, patent seed 004)")
+    p.add_argument("model")
+    p.add_argument("--devices", required=True, help="devices file written by `oallama probe`")
+    p.add_argument("-o", "--output", help="write the plan here (loadable by Llama(..., placement=FILE))")
+    p.add_argument("--strategy", default="milp", choices=["milp", "memory", "equal"],
+                   help="milp (default), or a baseline: llama.cpp's memory-proportional split, equal split")
+    p.add_argument("--beta", type=float, default=0.9, help="share of each device's free memory to use (0.9)")
+    p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
+                   help="each device holds one range of blocks (default; needed for KV beside weights)")
+    p.add_argument("--objective", default="e2e", choices=OBJECTIVES, help="what to minimise (default e2e)")
+    p.add_argument("--n-prompt", type=int, default=64, help="prompt tokens of a request (64)")
+    p.add_argument("--n-gen", type=int, default=32, help="generated tokens of a request (32)")
+    p.add_argument("--ctx", type=int, default=2048, help="context the KV cache is sized for (2048)")
+    p.add_argument("--w-c", type=float, default=1.0, help="complexity weight: ms per device used (1)")
+    p.add_argument("--w-q1", type=float, default=10.0, help="QoS weight of jitter (10)")
+    p.add_argument("--w-q2", type=float, default=1.0, help="QoS weight of transfer time x loss (1)")
+    p.add_argument("--w-q3", type=float, default=10000.0, help="QoS weight of loss^2, ms (10000)")
+    p.add_argument("--ep", type=float, default=1.0,
+                   help="protocol efficiency E_p (1 for measured goodput; the patent's 0.3 for nominal rates)")
+    p.add_argument("--tcp-iw", type=int, default=10,
+                   help="TCP initial window (segments) for the slow-start term of t; 0: the patent's t (10)")
+    p.add_argument("--method", default="auto", choices=METHODS,
+                   help="auto (DP for contiguous, else HiGHS), milp (HiGHS), dp")
+    p.add_argument("--formulation", default="segments", choices=FORMULATIONS, help="of the MILP (segments)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
+    p.add_argument("--emit", action="store_true", help="print the equivalent stock llama.cpp command")
+    p.add_argument("--emit-binary", default="llama-server", help="binary named by --emit (llama-server)")
+    p.add_argument("--run", action="store_true", help="load the plan and generate, timing TTFT/TPOT")
+    p.add_argument("-p", "--prompt", default="The quick brown fox jumps over the lazy dog")
+    p.add_argument("--threads", type=int, default=None, help="client threads")
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    p.set_defaults(func=_cmd_distribute)

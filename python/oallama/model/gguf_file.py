@@ -1,0 +1,213 @@
+"""A fast, strict reader of a GGUF file's header: metadata, tensor table, and whether the
+file holds all the bytes its tensor table promises.
+
+It exists so that a bad file gets a clear error naming the file (missing, not GGUF,
+truncated, unknown architecture) before llama.cpp sees it, and so that a model's identity
+(names, shapes, types of its tensors) can be hashed without loading it. Large string arrays
+(the vocabulary) are skipped, not decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from ..errors import ModelFileError
+
+_MAGIC = b"GGUF"
+# GGUF value types -> struct format of one element (8 = string, 9 = array: special)
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_KEEP_ARRAY_MAX = 4096  # arrays longer than this are skipped (their length is kept)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne[0] (row length) first
+    type: str  # ggml type name, e.g. "q4_K", "f16"
+    type_id: int
+    offset: int  # bytes, from the start of the data section
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class GGUFInfo:
+    path: Path
+    version: int
+    metadata: dict[str, Any]  # scalars, short arrays; long arrays as ("array", type, length)
+    tensors: list[TensorInfo]
+    data_offset: int  # bytes
+    file_size: int  # bytes
+    _by_name: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def tensor(self, name: str) -> TensorInfo:
+        if not self._by_name:
+            self._by_name = {t.name: t for t in self.tensors}
+        return self._by_name[name]
+
+    def hparam(self, key: str, default: Any = None) -> Any:
+        """Architecture-scoped metadata: hparam("block_count") reads "<arch>.block_count"."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def identity(self) -> str:
+        """sha256 over (name, shape, type) of every tensor: equal for the same model shape+quant."""
+        h = hashlib.sha256()
+        h.update(self.architecture.encode())
+        for t in sorted(self.tensors, key=lambda t: t.name):
+            h.update(f"\n{t.name}:{','.join(map(str, t.shape))}:{t.type}".encode())
+        return h.hexdigest()
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int, what: str) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise ModelFileError(
+                f"{self.path}: truncated GGUF: file ends at byte {len(self.buf)} while reading {what}"
+            )
+        out = self.buf[self.pos : end]
+        self.pos = end
+        return out
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", what)
+        if n > len(self.buf):
+            raise ModelFileError(f"{self.path}: corrupt GGUF: {what} claims {n} bytes")
+        return self.take(n, what).decode("utf-8", errors="replace")
+
+    def skip(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise ModelFileError(f"{self.path}: truncated GGUF: file ends while reading {what}")
+        self.pos += n
+
+
+def _read_value(c: _Cursor, vtype: int, key: str) -> Any:
+    if vtype in _SCALAR:
+        return c.unpack(_SCALAR[vtype], f"value of {key}")
+    if vtype == 8:
+        return c.string(f"value of {key}")
+    if vtype == 9:
+        etype = c.unpack("<I", f"array type of {key}")
+        count = c.unpack("<Q", f"array length of {key}")
+        if etype in _SCALAR:
+            size = struct.calcsize(_SCALAR[etype])
+            if count > _KEEP_ARRAY_MAX:
+                c.skip(size * count, f"array {key}")
+                return ("array", etype, count)
+            raw = c.take(size * count, f"array {key}")
+            return list(struct.unpack(f"<{count}{_SCALAR[etype][1]}", raw))
+        if etype == 8:
+            if count > _KEEP_ARRAY_MAX:
+                for _ in range(count):
+                    c.skip(c.unpack("<Q", f"array {key}"), f"array {key}")
+                return ("array", etype, count)
+            return [c.string(f"array {key}") for _ in range(count)]
+        raise ModelFileError(f"{c.path}: corrupt GGUF: array {key} has element type {etype}")
+    raise ModelFileError(f"{c.path}: corrupt GGUF: key {key} has value type {vtype}")
+
+
+def _nbytes(type_id: int, shape: tuple[int, ...], name: str, path: Path) -> tuple[str, int]:
+    try:
+        qtype = gguf.GGMLQuantizationType(type_id)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise ModelFileError(f"{path}: tensor '{name}' has unknown ggml type id {type_id}") from None
+    n = 1
+    for d in shape:
+        n *= d
+    if shape and shape[0] % block:
+        raise ModelFileError(f"{path}: tensor '{name}' row of {shape[0]} is not a multiple of {block}")
+    return qtype.name.lower().replace("_k", "_K"), n // block * type_size
+
+
+def read(path: str | Path, *, check_size: bool = True) -> GGUFInfo:
+    """Parse the header of a GGUF file; raise ModelFileError naming the file on any defect."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"{p}: no such model file")
+    if p.is_dir():
+        raise ModelFileError(f"{p}: is a directory, not a GGUF file")
+    size = p.stat().st_size
+    if size < 24:
+        raise ModelFileError(f"{p}: not a GGUF file ({size} bytes, too short for a header)")
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        c = _Cursor(buf, p)
+        magic = c.take(4, "magic")
+        if magic != _MAGIC:
+            raise ModelFileError(f"{p}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        version = c.unpack("<I", "version")
+        if version not in (2, 3):
+            raise ModelFileError(f"{p}: unsupported GGUF version {version}")
+        n_tensors = c.unpack("<Q", "tensor count")
+        n_kv = c.unpack("<Q", "metadata count")
+        if n_tensors > size or n_kv > size:
+            raise ModelFileError(f"{p}: truncated or corrupt GGUF: its header lists {n_tensors} tensors and "
+                                 f"{n_kv} keys, which cannot fit in the file's {size} bytes")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = c.string("metadata key")
+            vtype = c.unpack("<I", f"type of {key}")
+            meta[key] = _read_value(c, vtype, key)
+        tensors = []
+        for _ in range(n_tensors):
+            name = c.string("tensor name")
+            n_dims = c.unpack("<I", f"dimensions of {name}")
+            if n_dims > 4:
+                raise ModelFileError(f"{p}: tensor '{name}' has {n_dims} dimensions")
+            shape = tuple(c.unpack("<Q", f"shape of {name}") for _ in range(n_dims))
+            type_id = c.unpack("<I", f"type of {name}")
+            offset = c.unpack("<Q", f"offset of {name}")
+            tname, nbytes = _nbytes(type_id, shape, name, p)
+            tensors.append(TensorInfo(name, shape, tname, type_id, offset, nbytes))
+        align = int(meta.get("general.alignment", 32))
+        data_offset = (c.pos + align - 1) // align * align
+    info = GGUFInfo(p, version, meta, tensors, data_offset, size)
+    if check_size:
+        for t in tensors:
+            end = data_offset + t.offset + t.nbytes
+            if end > size:
+                raise ModelFileError(
+                    f"{p}: truncated GGUF: tensor '{t.name}' needs bytes up to {end}, "
+                    f"the file has {size}"
+                )
+    return info
+
+
+def check_model(path: str | Path) -> GGUFInfo:
+    """read() plus: the architecture must be one this llama.cpp build supports."""
+    from .. import _core
+
+    info = read(path)
+    arch = info.architecture
+    if not arch:
+        raise ModelFileError(f"{info.path}: GGUF has no general.architecture")
+    if not _core.arch_is_supported(arch):
+        raise ModelFileError(f"{info.path}: architecture '{arch}' is not supported by this llama.cpp build")
+    return info

@@ -1,0 +1,356 @@
+"""Profile: what every target op costs on every device, and what moving data costs.
+
+For each distinct (op, weight type, weight shape, columns) of the graphs llama.cpp builds at
+the token counts that occur (decode = 1 and the prefill sizes), the op is timed on each device
+as a one-op ggml graph on that device's backend (csrc/profile.cpp): the weight in the buffer
+type a real load would use (CPU: repacked layouts when enabled), the CPU with the thread count
+it will run with, warm-up runs discarded, median and spread of the repeats kept.
+
+T' (moving activations between host and device) is measured as synchronised copies over the
+activation sizes that occur and fitted as latency + bytes / bandwidth, per direction. The fixed
+cost of handing a device one graph (a split) is measured as `launch_us`.
+
+Profiles are saved as JSON, keyed by the model's op shapes, the devices, the build and the
+settings (threads, op_offload, mmap, repack), and reused when all of these match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import _core, _libs
+from .._files import read_json
+from .._version import __version__
+from ..errors import ProfileError
+from ..runtime import devices as devmod
+from .graph import Inventory, TargetOp, inventory
+
+SCHEMA = "oallama.profile/1"
+DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("OALLAMA_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "oallama")
+    return Path(base) / "profiles"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a measurement depends on besides the op and the device."""
+
+    threads: int
+    op_offload: bool = True
+    mmap: bool = True
+    repack: bool = True  # llama.cpp's use_extra_bufts (CPU weight repacking)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack}
+
+
+def build_info() -> dict[str, Any]:
+    stamp = _libs.llama_cpp_stamp()
+    return {"oallama": __version__, "llama_cpp_commit": stamp["llama_cpp_commit"],
+            "patches": [p[0] for p in stamp["patches"]], "cuda": bool(_core.have_cuda)}
+
+
+def _stats(samples: Sequence[float]) -> dict[str, float]:
+    return {"median_us": statistics.median(samples), "stdev_us": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+            "min_us": min(samples), "max_us": max(samples), "n": len(samples)}
+
+
+@dataclass
+class Link:
+    """Copy cost between host memory and a device: latency_us + bytes / bytes_per_us."""
+
+    latency_us: float
+    bytes_per_us: float
+    samples: list[tuple[int, float]] = field(default_factory=list)  # (bytes, median us)
+
+    def time_us(self, nbytes: int) -> float:
+        return 0.0 if nbytes <= 0 else self.latency_us + nbytes / self.bytes_per_us
+
+    @staticmethod
+    def fit(samples: list[tuple[int, float]]) -> Link:
+        """Least squares of us = a + bytes / bw, with a >= 0 and bw > 0."""
+        xs = [float(b) for b, _ in samples]
+        ys = [t for _, t in samples]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var > 0 else 0.0
+        slope = max(slope, 1e-9)
+        lat = max(my - slope * mx, 0.0)
+        return Link(lat, 1.0 / slope, samples)
+
+
+@dataclass
+class Profile:
+    key: str
+    model_shapes: str
+    devices: dict[str, dict[str, Any]]  # name -> {description, kind, launch_us}
+    settings: Settings
+    build: dict[str, Any]
+    ops: dict[str, dict[str, dict[str, Any]]]  # device -> op key -> stats (+ buffer_type)
+    links: dict[str, dict[str, Link]]  # device -> {"h2d": Link, "d2h": Link}
+    created: float = field(default_factory=time.time)
+    elapsed_s: float = 0.0
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @staticmethod
+    def op_key(op: str, wtype: str, shape: Sequence[int], n: int) -> str:
+        return f"{op}:{wtype}:{'x'.join(map(str, shape))}:{n}"
+
+    def op_time_us(self, device: str, op: TargetOp, n: int | None = None) -> float:
+        """Median time of `op` on `device` at n columns (default: the op's own), interpolated
+        linearly between the measured column counts (and extrapolated from the two nearest)."""
+        n = op.n_tokens if n is None else n
+        table = self.ops.get(device)
+        if table is None:
+            raise ProfileError(f"profile {self.key[:12]} has no measurements for device {device}")
+        exact = table.get(self.op_key(op.op, op.weight_type, op.weight_shape, n))
+        if exact is not None:
+            return float(exact["median_us"])
+        prefix = self.op_key(op.op, op.weight_type, op.weight_shape, 0)[:-1]
+        pts = sorted((int(k.rsplit(":", 1)[1]), float(v["median_us"])) for k, v in table.items() if k.startswith(prefix))
+        if not pts:
+            raise ProfileError(f"profile has no measurement of {prefix.rstrip(':')} on {device}")
+        if len(pts) == 1:
+            return pts[0][1] * max(n, 1) / max(pts[0][0], 1)
+        lo = max([p for p in pts if p[0] <= n], default=pts[0], key=lambda p: p[0])
+        hi = min([p for p in pts if p[0] >= n], default=pts[-1], key=lambda p: p[0])
+        if lo[0] == hi[0]:  # outside the measured range: extend the nearest segment
+            i = pts.index(lo)
+            lo, hi = (pts[i - 1], pts[i]) if i > 0 else (pts[0], pts[1])
+        return max(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]), 0.0)
+
+    def renamed(self, names: Sequence[str]) -> Profile:
+        """The same measurements under the current names of its devices (in measurement order):
+        a loopback rpc-server gets a new port, hence a new name, every time it starts."""
+        old = list(self.devices)
+        if len(old) != len(names):
+            raise ValueError("profile has a different number of devices")
+        ren = dict(zip(old, names, strict=True))
+        return Profile(self.key, self.model_shapes, {ren[k]: v for k, v in self.devices.items()}, self.settings,
+                       self.build, {ren[k]: v for k, v in self.ops.items()},
+                       {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s)
+
+    def link(self, device: str, direction: str) -> Link:
+        if device not in self.links:
+            return Link(0.0, float("inf"))  # the host itself
+        return self.links[device][direction]
+
+    def launch_us(self, device: str) -> float:
+        return float(self.devices.get(device, {}).get("launch_us", 0.0))
+
+    # --- persistence --------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "key": self.key, "model_shapes": self.model_shapes, "devices": self.devices,
+                "settings": self.settings.as_dict(), "build": self.build, "ops": self.ops,
+                "links": {d: {k: {"latency_us": v.latency_us, "bytes_per_us": v.bytes_per_us, "samples": v.samples}
+                              for k, v in ls.items()} for d, ls in self.links.items()},
+                "created": self.created, "elapsed_s": self.elapsed_s,
+                "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name()}}
+
+    @staticmethod
+    def from_json(doc: dict[str, Any], path: str | Path = "<profile>") -> Profile:
+        if doc.get("schema") != SCHEMA:
+            raise ProfileError(f"{path}: not an oallama profile (schema {doc.get('schema')!r}, expected {SCHEMA})")
+        links = {d: {k: Link(v["latency_us"], v["bytes_per_us"], [tuple(s) for s in v["samples"]])
+                     for k, v in ls.items()} for d, ls in doc["links"].items()}
+        return Profile(doc["key"], doc["model_shapes"], doc["devices"], Settings(**doc["settings"]), doc["build"],
+                       doc["ops"], links, doc.get("created", 0.0), doc.get("elapsed_s", 0.0))
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(p)
+        return p
+
+    @staticmethod
+    def load(path: str | Path) -> Profile:
+        return Profile.from_json(read_json(path, "profile", ProfileError), path)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def signatures(inv: Inventory) -> dict[tuple[str, str, tuple[int, ...]], set[int]]:
+    """(op, weight type, weight shape) -> the column counts it runs at, over every graph."""
+    out: dict[tuple[str, str, tuple[int, ...]], set[int]] = {}
+    for n in inv.graphs:
+        for op in inv.target_ops(n):
+            out.setdefault((op.op, op.weight_type, op.weight_shape), set()).add(op.n_tokens)
+    return out
+
+
+def shapes_hash(inv: Inventory) -> str:
+    sig = sorted((k, sorted(v)) for k, v in signatures(inv).items())
+    return hashlib.sha256(repr(sig).encode()).hexdigest()
+
+
+def device_identity(d: devmod.Device) -> str:
+    """What a measurement on `d` is valid for. An rpc-server on this machine is the same device
+    whatever port it listens on (oallama starts them on free ports)."""
+    if d.kind == "rpc":
+        host = devmod.parse_endpoint(d.description)[0]
+        if host in ("127.0.0.1", "localhost", "::1"):
+            return f"rpc:loopback:{_cpu_name()}"
+        return f"rpc:{d.description}"
+    return f"{d.kind}:{d.name}:{d.description}"
+
+
+def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) -> str:
+    doc = {"shapes": shapes, "devices": [device_identity(d) for d in devs], "settings": settings.as_dict(),
+           "build": build_info()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _activation_sizes(inv: Inventory) -> list[int]:
+    sizes = {op.act_in_bytes for n in inv.graphs for op in inv.target_ops(n)}
+    sizes |= {op.act_out_bytes for n in inv.graphs for op in inv.target_ops(n)}
+    return sorted(sizes)
+
+
+def _spread(sizes: list[int], k: int = 6) -> list[int]:
+    """k sizes spanning the activation sizes, plus 4 MiB so bandwidth is well determined."""
+    pts = {sizes[round(i * (len(sizes) - 1) / max(k - 1, 1))] for i in range(k)} if sizes else set()
+    return sorted(pts | {4 << 20})
+
+
+def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
+            progress: bool = True) -> Profile:
+    """Time every target op signature of `inv` on every device, and the host<->device links."""
+    t_start = time.perf_counter()
+    devs = [devmod.resolve(d) for d in devices]
+    sigs = signatures(inv)
+    shapes = shapes_hash(inv)
+    ops: dict[str, dict[str, dict[str, Any]]] = {d.name: {} for d in devs}
+    links: dict[str, dict[str, Link]] = {}
+    info: dict[str, dict[str, Any]] = {}
+    total = len(sigs) * len(devs)
+    done = 0
+    for d in devs:
+        threads = settings.threads if d.is_host else 1
+        launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
+        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch["samples_us"])}
+        for (op, wtype, shape), ns in sorted(sigs.items()):
+            if op != "MUL_MAT":
+                raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape})")
+            cols = sorted(ns)
+            try:
+                res = _core.profile_mul_mat(d.name, wtype, shape[0], shape[1], cols, threads, warmup, repeats,
+                                            settings.repack)
+            except RuntimeError as e:
+                raise ProfileError(str(e)) from None
+            for n, r in zip(cols, res, strict=True):
+                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r["samples_us"]),
+                                                                    "buffer_type": r["buffer_type"]}
+            done += 1
+            if progress:
+                print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
+                      f"at {','.join(map(str, cols))} cols)".ljust(100), end="", file=sys.stderr, flush=True)
+        if not d.is_host:
+            links[d.name] = {}
+            for direction, h2d in (("h2d", True), ("d2h", False)):
+                pts = []
+                for b in _spread(_activation_sizes(inv)):
+                    r = _core.profile_copy(d.name, b, h2d, warmup, repeats)
+                    pts.append((b, statistics.median(r["samples_us"])))
+                links[d.name][direction] = Link.fit(pts)
+    if progress:
+        print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s".ljust(100),
+              file=sys.stderr, flush=True)
+    prof = Profile(profile_key(shapes, devs, settings), shapes, info, settings, build_info(), ops, links)
+    prof.elapsed_s = time.perf_counter() - t_start
+    return prof
+
+
+def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | None = None,
+                  n_tokens: Sequence[int] = DEFAULT_TOKENS, n_ctx: int = 4096, op_offload: bool = True,
+                  mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
+                  progress: bool = True, inv: Inventory | None = None) -> Profile:
+    """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
+    with the same key. `threads` defaults to llama-cpp-python's default for generation."""
+    settings = Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack)
+    if inv is None:
+        inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx)
+    devs = [devmod.resolve(d) for d in devices]
+    key = profile_key(shapes_hash(inv), devs, settings)
+    cached = cache_dir() / f"{key}.json"
+    if cache and cached.exists():
+        try:
+            prof = Profile.load(cached).renamed([d.name for d in devs])
+            if progress:
+                print(f"profile: reusing {cached}", file=sys.stderr)
+            return prof
+        except (ProfileError, KeyError, ValueError):
+            pass  # unreadable: measure again
+    prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
+    if cache:
+        prof.save(cached)
+    return prof
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from ..runtime.rpc import local_server_if
+
+    with local_server_if(args.rpc_local and not args.device, args.rpc_threads) as server:
+        devices = ["CPU"]
+        if args.device:
+            devices.append(args.device)
+        elif server is not None:
+            devices.append(server.device_name)
+        else:
+            acc = devmod.default_accelerator()
+            if acc is not None:
+                devices.append(acc.name)
+        tokens = sorted({int(x) for x in args.tokens.split(",")})
+        prof = profile_model(args.model, devices, threads=args.threads, n_tokens=tokens, cache=not args.no_cache,
+                             repeats=args.repeats)
+        print(f"profile {prof.key[:12]}: devices {', '.join(prof.devices)}; threads={prof.settings.threads}; "
+              f"{sum(len(v) for v in prof.ops.values())} measurements in {prof.elapsed_s:.1f} s")
+        for dev, ls in prof.links.items():
+            for k, link in ls.items():
+                print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
+        if args.output:
+            print(f"wrote {prof.save(args.output)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="time every weight-bearing op of a model on each device")
+    p.add_argument("model")
+    p.add_argument("--device", help="accelerator to profile besides the CPU (default: the first GPU)")
+    p.add_argument("--rpc-local", action="store_true", help="use a loopback rpc-server as the accelerator")
+    p.add_argument("--rpc-threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="token counts to profile at")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-cache", action="store_true", help="measure even if a matching profile is cached")
+    p.add_argument("-o", "--output", help="also write the profile to this file")
+    p.set_defaults(func=_cmd_profile)

@@ -1,0 +1,299 @@
+"""What ggml's scheduler does with a placement, and what the result costs.
+
+A `PassModel` abstracts one graph (one ubatch of n tokens, as llama.cpp builds it) for the host
+CPU and one accelerator. For a placement -- which weights live on the accelerator, which layers'
+KV cache does (llama.cpp's n_gpu_layers puts the *last* k layers' KV there), and from which
+batch each host weight's op is streamed to the accelerator (patch 0001) -- it reproduces the
+scheduler's node -> device assignment (ggml-backend.cpp, ggml_backend_sched_split_graph):
+
+  pass 1  a node in pre-allocated memory runs where that memory is (KV cache writes and views);
+          a graph input runs on the CPU; a node reading a weight runs where the weight is,
+          except that a host weight's op moves to the accelerator when it is streamed at this
+          batch (ROPE and FLASH_ATTN_EXT are never pinned by their small weights);
+  pass 2  every other node, views skipped, runs on the accelerator if the nearest pass-1 node
+          before it or after it (graph order) does and the accelerator supports it, else on
+          the CPU ("expand gpu down/up", then "expand rest").
+
+and then costs the assignment (microseconds):
+
+  compute  each target op (weight MUL_MAT) at its measured time on its device; other ops are
+           taken as free (seed 000, finding 2: they are 100-1000x cheaper than the matmuls);
+  copies   each tensor read on a device other than its own is copied once to that device:
+           T'(bytes) = latency + bytes / bandwidth of that direction (profiled); a streamed
+           weight is such a copy of the whole weight;
+  splits   each change of device along the graph order starts a split: the launch cost of
+           the device it switches to (profiled).
+
+tests/test_plan.py checks the assignment against the real scheduler on random placements.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
+from .graph import Graph, Node
+from .profile import Profile
+
+HOST = "CPU"
+_KV_LEAF = re.compile(r"^cache_[a-z]+_l(\d+)$")
+_LAYER_SUFFIX = re.compile(r"-(\d+)$")  # llama.cpp names per-layer nodes "<name>-<il>"
+_NOT_PINNED_BY_WEIGHT = ("ROPE", "FLASH_ATTN_EXT")
+
+
+def op_batch(node: Node) -> int:
+    """Batch size of an op for offload decisions (same as ggml-cuda and patch 0001)."""
+    if node.op == "GET_ROWS":
+        return 0
+    if node.op == "MUL_MAT":
+        return node.ne[1]
+    if node.op == "MUL_MAT_ID":
+        return node.ne[2]
+    return node.ne[1] * node.ne[2] * node.ne[3]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A planner's decision for one model on (CPU, accelerator)."""
+
+    on_acc: frozenset[str] = frozenset()  # weights in accelerator memory
+    kv_layers: int = 0  # the last kv_layers layers are "on the accelerator": their KV cache, and
+    #                     the nodes llama.cpp pins to a layer's device (see n_gpu_layers)
+    min_batch: Mapping[str, int] = field(default_factory=dict)  # host weight -> stream at batch >= this
+
+    @property
+    def n_gpu_layers(self) -> int:
+        """llama.cpp's n_gpu_layers giving kv_layers: it counts the output layer first."""
+        return self.kv_layers + 1 if self.kv_layers > 0 else 0
+
+    def streams(self, weight: str, batch: int, default: bool) -> bool:
+        m = self.min_batch.get(weight)
+        return default if m is None else batch >= m
+
+
+# Device indicator of a node, as the planner's MILP sees it: ("c", 0|1) constant;
+# ("w", weight, offloadable, default_offload, batch) weight-pinned; ("kv", layer): on the device of
+# that layer (its KV cache, or a node llama.cpp pins to the layer); ("free", supported).
+Kind = tuple
+
+
+@dataclass
+class PassCost:
+    compute_us: float
+    copy_us: float
+    launch_us: float
+    n_splits: int
+    n_copies: int
+    copy_bytes: int
+    on_acc: dict[int, bool]  # node index -> runs on the accelerator
+
+    @property
+    def total_us(self) -> float:
+        return self.compute_us + self.copy_us + self.launch_us
+
+
+class PassModel:
+    """One graph, its scheduling rules and its cost coefficients (see module docstring)."""
+
+    def __init__(self, graph: Graph, profile: Profile | None, acc: str, *, n_layer: int, op_offload: bool = True,
+                 full_graph: Graph | None = None) -> None:
+        """graph: the ubatch's graph with every weight in host memory and n_gpu_layers=0 (its
+        scheduling shows llama.cpp's default op offload); full_graph: the same graph with every
+        layer offloaded, whose only use is to see which nodes llama.cpp pins in that mode."""
+        self.graph = graph
+        self.acc = acc
+        self.n_tokens = graph.n_tokens
+        self.n_layer = n_layer
+        self.op_offload = op_offload
+        # a host weight's op can be streamed only from plain host memory (not CPU_REPACK)
+        self.streamable = {lf.weight: lf.host_buffer for lf in graph.leafs if lf.weight}
+        self.order = [n.index for n in graph.nodes if not n.is_view]  # what the scheduler walks
+        pins_full = {n.index for n in graph.nodes if n.caller_pinned}
+        if full_graph is not None:
+            if [n.name for n in full_graph.nodes] != [n.name for n in graph.nodes]:
+                raise ValueError("full-offload graph differs from the base graph")
+            pins_full = {n.index for n in full_graph.nodes if n.caller_pinned}
+        # per mode (False: some layers on the host, True: every layer offloaded)
+        self.kinds: dict[bool, dict[int, Kind]] = {}
+        self.anchor_map: dict[bool, dict[int, tuple[int | None, int | None]]] = {}
+        for full, pins in ((False, {n.index for n in graph.nodes if n.caller_pinned}), (True, pins_full)):
+            kind = {i: self._classify(graph.nodes[i], i in pins) for i in self.order}
+            self.kinds[full] = kind
+            self.anchor_map[full] = self._anchors(kind)
+        self.kind = self.kinds[False]
+        self.anchors = self.anchor_map[False]
+        # data each node reads: (source, bytes); source = ("node", i) | ("w", weight) | ("kv", l) | ("c", 0|1)
+        self.reads: dict[int, list[tuple[tuple, int]]] = {i: [] for i in self.order}
+        self.read_bytes: dict[tuple, int] = {}  # source -> bytes of its largest read
+        for i in self.order:
+            for s in graph.nodes[i].srcs:
+                src, nbytes = self._source(s), graph.tensor(s).nbytes
+                self.reads[i].append((src, nbytes))
+                self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
+        # weights that every reading node's accelerator supports (others must stay on the host)
+        self.weights: set[str] = {n.weight for n in graph.nodes if n.weight} | {
+            lf.weight for lf in graph.leafs if lf.weight}
+        self.acc_ok: dict[str, bool] = {w: True for w in self.weights}
+        for i in self.order:
+            k = self.kind[i]
+            if k[0] == "w" and acc not in graph.nodes[i].supported_on:
+                self.acc_ok[k[1]] = False
+        # cost coefficients (us)
+        self.t_host: dict[int, float] = {}
+        self.t_acc: dict[int, float] = {}
+        if profile is not None:
+            from .graph import target_ops
+
+            for op in target_ops(graph):
+                self.t_host[op.index] = profile.op_time_us(HOST, op)
+                self.t_acc[op.index] = profile.op_time_us(acc, op)
+            self.h2d = profile.link(acc, "h2d")
+            self.d2h = profile.link(acc, "d2h")
+            self.launch = {0: profile.launch_us(HOST), 1: profile.launch_us(acc)}
+
+    # --- structure ----------------------------------------------------------------------------
+
+    def _base(self, index: int) -> Node:
+        t = self.graph.tensor(index)
+        seen = 0
+        while t.view_src is not None and seen < 64:
+            t = self.graph.tensor(t.view_src)
+            seen += 1
+        return t
+
+    def kv_layer(self, index: int) -> int | None:
+        m = _KV_LEAF.match(self._base(index).name)
+        return int(m[1]) if m else None
+
+    def _anchors(self, kind: Mapping[int, Kind]) -> dict[int, tuple[int | None, int | None]]:
+        """The nearest pass-1 nodes before / after each free node."""
+        anchors: dict[int, tuple[int | None, int | None]] = {}
+        prev: int | None = None
+        pending: list[int] = []
+        for i in self.order:
+            if kind[i][0] == "free":
+                pending.append(i)
+                continue
+            for p in pending:
+                anchors[p] = (prev, i)
+            pending = []
+            prev = i
+        for p in pending:
+            anchors[p] = (prev, None)
+        return anchors
+
+    def full(self, p: Placement) -> bool:
+        return p.kv_layers >= self.n_layer
+
+    def _classify(self, n: Node, caller_pinned: bool) -> Kind:
+        if caller_pinned:
+            # llama.cpp pins these to their layer's device (dev_layer), which n_gpu_layers moves
+            m = _LAYER_SUFFIX.search(n.name)
+            return ("kv", int(m[1])) if m else ("c", int(n.backend == self.acc))
+        if n.pinned:
+            layer = self.kv_layer(n.index)
+            return ("kv", layer) if layer is not None else ("c", int(n.pinned == self.acc))
+        if n.is_input:
+            return ("c", 0)
+        if n.weight and n.op not in _NOT_PINNED_BY_WEIGHT:
+            offloadable = (self.op_offload and op_batch(n) > 0 and self.acc in n.supported_on
+                           and self.streamable.get(n.weight, False))
+            default = offloadable and n.backend == self.acc  # seen in the all-host graph
+            return ("w", n.weight, offloadable, default, op_batch(n))
+        return ("free", self.acc in n.supported_on)
+
+    def _source(self, index: int) -> tuple:
+        t = self.graph.tensor(index)
+        while t.is_view and t.index >= 0 and t.srcs:  # views live where their data lives
+            t = self.graph.tensor(t.srcs[0]) if t.view_src is None else self.graph.tensor(t.view_src)
+        if t.index >= 0:
+            return ("node", t.index)
+        if t.weight:
+            return ("w", t.weight)
+        layer = self.kv_layer(t.index)
+        if layer is not None:
+            return ("kv", layer)
+        return ("c", int(t.pinned == self.acc))
+
+    def kv_on_acc(self, layer: int, kv_layers: int) -> bool:
+        return layer >= self.n_layer - kv_layers
+
+    # --- evaluation ---------------------------------------------------------------------------
+
+    def assign(self, p: Placement) -> dict[int, bool]:
+        """Node index -> runs on the accelerator, for every non-view node."""
+        dev: dict[int, bool] = {}
+        kind, anchors = self.kinds[self.full(p)], self.anchor_map[self.full(p)]
+        for i in self.order:
+            k = kind[i]
+            if k[0] == "c":
+                dev[i] = bool(k[1])
+            elif k[0] == "kv":
+                dev[i] = self.kv_on_acc(k[1], p.kv_layers)
+            elif k[0] == "w":
+                _, w, offloadable, default, batch = k
+                dev[i] = w in p.on_acc or (offloadable and p.streams(w, batch, default))
+        for i, (a, b) in anchors.items():
+            supported = kind[i][1]
+            dev[i] = bool(supported and ((a is not None and dev[a]) or (b is not None and dev[b])))
+        return dev
+
+    def source_on_acc(self, src: tuple, dev: Mapping[int, bool], p: Placement) -> bool:
+        if src[0] == "node":
+            return dev[src[1]]
+        if src[0] == "w":
+            return src[1] in p.on_acc
+        if src[0] == "kv":
+            return self.kv_on_acc(src[1], p.kv_layers)
+        return bool(src[1])
+
+    def cost(self, p: Placement) -> PassCost:
+        dev = self.assign(p)
+        compute = sum(self.t_acc[i] if dev[i] else self.t_host[i] for i in self.t_host)
+        copies: set[tuple[tuple, bool]] = set()
+        for i in self.order:
+            for src, _ in self.reads[i]:
+                if self.source_on_acc(src, dev, p) != dev[i]:
+                    copies.add((src, dev[i]))
+        # a tensor read on the other device is copied once, sized by its largest read
+        sizes = {(src, d): self.read_bytes[src] for src, d in copies}
+        copy_us = sum((self.h2d if to_acc else self.d2h).time_us(b) for (_, to_acc), b in sizes.items())
+        splits, launch, last = 0, 0.0, None
+        for i in self.order:
+            if dev[i] != last:
+                splits += 1
+                launch += self.launch[int(dev[i])]
+                last = dev[i]
+        return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev)
+
+
+def weight_bytes(graph: Graph) -> dict[str, int]:
+    return {lf.weight: lf.nbytes for lf in graph.leafs if lf.weight}
+
+
+def kv_bytes_per_layer(graph: Graph) -> dict[int, int]:
+    """KV cache bytes of each layer (all of its cache tensors, for the context's size)."""
+    out: dict[int, int] = {}
+    for lf in graph.leafs:
+        m = _KV_LEAF.match(lf.name)
+        if m:
+            out[int(m[1])] = out.get(int(m[1]), 0) + lf.nbytes
+    return out
+
+
+def layer_weights(names: Iterable[str], n_gpu_layers: int, n_layer: int) -> set[str]:
+    """What llama.cpp's n_gpu_layers puts on the GPU. It counts the output layer first: with
+    n_gpu_layers = k >= 1 the output layer (every non-layer weight but the input embedding,
+    which always stays on the CPU) and the last k - 1 repeating layers go to the GPU."""
+    first = n_layer + 1 - n_gpu_layers  # llama-model.cpp: i_gpu_start
+    out = set()
+    for name in names:
+        m = re.match(r"^blk\.(\d+)\.", name)
+        if m:
+            if int(m[1]) >= first:
+                out.add(name)
+        elif n_gpu_layers >= 1 and not name.startswith("token_embd"):
+            out.add(name)
+    return out

@@ -1,0 +1,176 @@
+"""Devices: what ggml can run on in this process, named the way oallama names them.
+
+Names are ggml's ("CPU", "CUDA0", "Vulkan0", ...) except for rpc-server devices, which are
+named by endpoint, "RPC[127.0.0.1:50052]" (a server's further devices: "RPC[...]#1"), because
+ggml's own RPC names depend on the order servers were added. Naming an RPC device makes it
+known: `resolve("RPC[host:port]")` first checks that the server accepts connections (ggml-rpc
+would abort the whole process on a refused connection), then registers it with ggml.
+
+    >>> from oallama import devices
+    >>> [d.name for d in devices.list_devices()]
+    ['CPU']
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+from dataclasses import dataclass
+
+from .. import _core
+from ..errors import RpcServerError, UnknownDeviceError
+
+_RPC_NAME = re.compile(r"^RPC\[(?P<endpoint>[^\]]+)\](?:#(?P<index>\d+))?$")
+_PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # oallama name
+    ggml_name: str
+    description: str
+    backend: str  # registry: "CPU", "CUDA", "RPC", ...
+    kind: str  # "cpu" | "gpu" | "igpu" | "accel" | "rpc" | "other"
+    buffer_type: str
+    memory_free: int  # bytes (0 for RPC devices unless queried)
+    memory_total: int  # bytes
+
+    @property
+    def is_host(self) -> bool:
+        """Weights placed here live in this process's host memory."""
+        return self.kind in ("cpu", "accel")
+
+    @property
+    def is_accelerator(self) -> bool:
+        """A device that is not this host's CPU: a GPU or a remote rpc-server."""
+        return self.kind in ("gpu", "igpu", "rpc")
+
+
+_initialised = False
+
+
+def _init() -> None:
+    global _initialised
+    if not _initialised:
+        _core.backend_init()
+        _initialised = True
+
+
+def list_devices(query_rpc_memory: bool = False) -> list[Device]:
+    """Every device ggml knows in this process, in ggml's order (CPU is always there).
+
+    query_rpc_memory asks each rpc-server for its memory, after checking it still answers
+    (ggml-rpc aborts the process on a refused connection); a gone server reports 0 bytes."""
+    _init()
+    devs = [Device(**d) for d in _core.devices_list(False)]
+    if query_rpc_memory:
+        devs = [_with_memory(d) if d.kind == "rpc" else d for d in devs]
+    return devs
+
+
+def _with_memory(d: Device) -> Device:
+    try:
+        probe_endpoint(d.description, timeout=2.0)
+    except RpcServerError:
+        return d
+    free, total = _core.device_memory(d.name)
+    return Device(d.name, d.ggml_name, d.description, d.backend, d.kind, d.buffer_type, int(free), int(total))
+
+
+def device_memory(name: str) -> tuple[int, int]:
+    """(free, total) bytes of one device; an rpc-server that stopped answering raises RpcServerError."""
+    d = resolve(name)
+    if d.kind == "rpc":
+        probe_endpoint(d.description, timeout=2.0)
+    free, total = _core.device_memory(d.name)
+    return int(free), int(total)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); IPv6 hosts in brackets: '[::1]:50052'."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RpcServerError(f"rpc endpoint '{endpoint}' is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def probe_endpoint(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> None:
+    """Raise RpcServerError unless something accepts TCP connections at `endpoint`."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise RpcServerError(f"cannot reach rpc-server at {endpoint}: {e.strerror or e}") from None
+
+
+def add_rpc_server(endpoint: str) -> list[str]:
+    """Make a running rpc-server's devices known to ggml; returns their oallama names."""
+    _init()
+    probe_endpoint(endpoint)
+    try:
+        return list(_core.rpc_add_server(endpoint))
+    except RuntimeError as e:
+        raise RpcServerError(str(e)) from None
+
+
+def resolve(name: str) -> Device:
+    """The device called `name` (oallama or ggml name); RPC names are registered on demand."""
+    _init()
+    m = _RPC_NAME.match(name.strip())
+    if m:
+        add_rpc_server(m["endpoint"])
+    try:
+        canonical = _core.device_name(name.strip())
+    except RuntimeError as e:
+        hint = ""
+        if name.strip().upper().startswith("CUDA") and not _core.have_cuda:
+            hint = "; this oallama was built without CUDA: rebuild with `OALLAMA_CUDA=ON scripts/setup.sh`"
+        raise UnknownDeviceError(f"{e}{hint}") from None
+    for d in list_devices():
+        if d.name == canonical:
+            return d
+    raise UnknownDeviceError(f"unknown device '{name}'")  # pragma: no cover - registry changed under us
+
+
+def default_accelerator() -> Device | None:
+    """The device oallama offloads to when none is named: the first GPU, else the first RPC device."""
+    devs = list_devices()
+    for kinds in (("gpu",), ("igpu",), ("rpc",)):
+        for d in devs:
+            if d.kind in kinds:
+                return d
+    return None
+
+
+def buffer_type_address(name: str) -> int:
+    """ggml_backend_buffer_type_t of a device's default buffer type (integer address)."""
+    return int(_core.buffer_type_address(resolve(name).name))
+
+
+def device_address(name: str) -> int:
+    """ggml_backend_dev_t of a device (integer address)."""
+    return int(_core.device_address(resolve(name).name))
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    for ep in args.rpc or []:
+        add_rpc_server(ep)
+    rows = [("name", "kind", "buffer type", "free MiB", "total MiB", "description")]
+    for d in list_devices(query_rpc_memory=True):
+        rows.append((d.name, d.kind, d.buffer_type, f"{d.memory_free >> 20}", f"{d.memory_total >> 20}",
+                     d.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("devices", help="list the devices ggml can use here")
+    p.add_argument("--rpc", action="append", metavar="HOST:PORT", help="also add this rpc-server (repeatable)")
+    p.set_defaults(func=_cmd_devices)

@@ -1,0 +1,181 @@
+"""Run: generate with a placed model and time it (TTFT, TPOT), and the `oallama run` command.
+
+TTFT is the time from submitting the prompt to holding the first sampled token: prompt
+evaluation plus one sampling step (sampling reads the logits, which synchronises every backend).
+TPOT is the mean time per further token: one single-token decode plus sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PlacementError
+from ..model import gguf_file
+from . import planfile
+
+
+@dataclass
+class Generation:
+    prompt_tokens: int
+    tokens: list[int]
+    text: str
+    ttft_s: float  # seconds, prompt in -> first token out
+    token_times_s: list[float] = field(default_factory=list)  # seconds since start, per token
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean seconds per output token after the first (nan with fewer than 2 tokens)."""
+        gaps = [b - a for a, b in zip(self.token_times_s, self.token_times_s[1:], strict=False)]
+        return statistics.fmean(gaps) if gaps else float("nan")
+
+    @property
+    def e2e_s(self) -> float:
+        return self.token_times_s[-1] if self.token_times_s else 0.0
+
+
+def timed_generate(llm: Any, prompt: str | Sequence[int], n_gen: int, *, temperature: float = 0.0,
+                   seed: int | None = None) -> Generation:
+    """Greedy (or sampled) generation of exactly n_gen tokens, EOS ignored, timed per token."""
+    tokens = llm.tokenize(prompt.encode(), add_bos=True) if isinstance(prompt, str) else list(prompt)
+    if seed is not None:
+        llm.set_seed(seed)
+    llm.reset()  # no prefix reuse: every run evaluates the whole prompt
+    out: list[int] = []
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(tokens, temp=temperature, reset=True):
+        times.append(time.perf_counter() - t0)
+        out.append(int(tok))
+        if len(out) >= n_gen:
+            break
+    text = llm.detokenize(out).decode(errors="replace")
+    return Generation(len(tokens), out, text, times[0] if times else float("nan"), times)
+
+
+# --- placement summaries --------------------------------------------------------------------
+
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight|\.bias)?$")
+
+
+def placement_table(placements: Sequence[Any], devices_order: Sequence[str] | None = None) -> str:
+    """Human table of where every weight went: totals per device, then one line per layer."""
+    per_dev: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    rows: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for t in placements:
+        per_dev[t.device][0] += 1
+        per_dev[t.device][1] += t.nbytes
+        m = _LAYER.match(t.name)
+        key, short = (f"blk.{m[1]}", m[2] + (".b" if t.name.endswith(".bias") else "")) if m else ("-", t.name)
+        rows[key].append((short, t.device))
+    order = list(dict.fromkeys([*(devices_order or []), *sorted(per_dev)]))
+    order = [d for d in order if d in per_dev]
+    tag = {d: chr(ord("A") + i) for i, d in enumerate(order)}
+    lines = ["weights by device (read back from the loaded model):"]
+    for d in order:
+        n, b = per_dev[d]
+        lines.append(f"  [{tag[d]}] {d:<28} {n:>5} tensors {b / 2**20:>10.1f} MiB")
+    lines.append("every weight ([device] per tensor):")
+    for key in sorted(rows, key=lambda k: (k != "-", int(k.split(".")[1]) if k != "-" else -1)):
+        cells = "  ".join(f"{short}[{tag[d]}]" for short, d in rows[key])
+        lines.append(f"  {key:<7} {cells}")
+    return "\n".join(lines)
+
+
+def split_placement(model: gguf_file.GGUFInfo, device: str, how: str) -> dict[str, str]:
+    """Simple hand placements for demos: which weights go to `device`.
+
+    ffn:       every feed-forward weight and the output head
+    odd:       every weight of odd-numbered layers
+    attention: every attention weight
+    """
+    pick = {
+        "ffn": lambda n: bool(re.match(r"^blk\.\d+\.ffn_", n)) or n == "output.weight",
+        "odd": lambda n: bool(re.match(r"^blk\.\d*[13579]\.", n)),
+        "attention": lambda n: bool(re.match(r"^blk\.\d+\.attn_(?!norm)", n)),
+    }.get(how)
+    if pick is None:
+        raise PlacementError(f"unknown split '{how}' (choose ffn, odd or attention)")
+    return {t.name: device for t in model.tensors if len(t.shape) > 1 and pick(t.name)}
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _uses_mmap(llm: Any) -> bool:
+    import llama_cpp
+
+    return llm.model_params.load_mode in (llama_cpp.LLAMA_LOAD_MODE_MMAP, llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from . import rpc
+    from .llama import Llama
+
+    model = gguf_file.check_model(args.model)
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    with rpc.local_server_if(args.rpc_local, args.rpc_threads) as server:
+        if server is not None:
+            print(f"started rpc-server {server.endpoint} as device {server.device_name}", file=sys.stderr)
+            devices = [*(devices or ["CPU"]), server.device_name]
+        placement: Any = args.placement
+        plan_kw: dict[str, Any] = {}
+        if args.split:
+            if not devices or len(devices) < 2:
+                raise PlacementError("--split needs a second device (--devices CPU,DEV or --rpc-local)")
+            placement = split_placement(model, devices[-1], args.split)
+        elif args.gpu_budget:
+            if not devices or len(devices) < 2:
+                raise PlacementError("--gpu-budget needs an accelerator (--devices CPU,DEV or --rpc-local)")
+            placement = args.strategy
+            plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1],
+                       "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
+            devices = None
+        llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
+                    n_threads=args.threads, n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose,
+                    **plan_kw)
+        if llm.plan is not None:
+            pred = llm.plan["predicted"]
+            print(f"plan '{llm.plan['strategy']}' for a {llm.plan['budget']['request']} budget on "
+                  f"{llm.plan['accelerator']}: predicted TTFT {pred['ttft_ms']:.1f} ms, TPOT {pred['tpot_ms']:.2f} ms; "
+                  f"n_gpu_layers={llm.plan['n_gpu_layers']}, {len(llm.offload_policy())} per-weight offload thresholds")
+        print(placement_table(llm.tensor_placements(), devices or (llm.plan or {}).get("devices")))
+        gen = timed_generate(llm, args.prompt, args.n, temperature=args.temperature, seed=args.seed)
+        print(f"\nprompt: {args.prompt!r} ({gen.prompt_tokens} tokens)")
+        print(f"output: {gen.text!r}")
+        print(f"TTFT {gen.ttft_s * 1e3:.1f} ms   TPOT {gen.tpot_s * 1e3:.2f} ms/token   "
+              f"{len(gen.tokens)} tokens in {gen.e2e_s:.3f} s   (threads={llm.n_threads}, "
+              f"mmap={_uses_mmap(llm)})")
+        llm.close()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="load a model with a placement, generate, show placement and TTFT/TPOT")
+    p.add_argument("model")
+    p.add_argument("--devices", help="comma-separated device names, e.g. CPU,CUDA0 or CPU,RPC[127.0.0.1:50052]")
+    p.add_argument("--placement", help="placement/plan JSON file")
+    p.add_argument("--split", choices=["ffn", "odd", "attention"],
+                   help="hand placement: put these weights on the last device")
+    p.add_argument("--gpu-budget", help="plan the placement for this accelerator budget ('50%%', '2GiB')")
+    p.add_argument("--strategy", choices=list(planfile.planner().strategies), default="optimal",
+                   help="planning strategy with --gpu-budget (default optimal)")
+    p.add_argument("--plan-prompt", type=int, default=64, help="prompt length the plan optimises for")
+    p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch")
+    p.add_argument("--rpc-local", action="store_true", help="start a loopback rpc-server as a second device")
+    p.add_argument("--rpc-threads", type=int, default=1, help="threads of that rpc-server")
+    p.add_argument("-p", "--prompt", default="The quick brown fox")
+    p.add_argument("-n", type=int, default=32, help="tokens to generate")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    p.set_defaults(func=_cmd_run)

@@ -1,0 +1,244 @@
+"""The drop-in `Llama`: llama-cpp-python's Llama plus per-tensor placement.
+
+Every constructor argument and method of `llama_cpp.Llama` works unchanged. New keywords:
+
+    devices=    ggml device names the model may use, e.g. ["CPU", "CUDA0"] or
+                ["CPU", "RPC[127.0.0.1:50052]"]; None keeps llama.cpp's default (all local GPUs)
+    placement=  weight name -> device name; or the path of a plan file (`oallama plan -o`); or a
+                strategy, "layers" | "affinity" | "optimal", planned here for gpu_budget=
+    gpu_budget= accelerator memory for the strategy: "12GiB" or "50%" of the weights
+    device=     the accelerator to plan for (default: the first GPU, else the first RPC device)
+    workload=   oallama.planner.plan.Workload (or a mapping of its fields) to optimise for
+                (default: prompt 512, generate 128, e2e)
+    profile=    a Profile or profile JSON to plan with (default: measured once, then cached)
+
+    >>> llm = Llama("m.gguf", gpu_budget="50%", placement="optimal")   # profile, plan, load
+    >>> llm.plan["predicted"]["tpot_ms"]
+
+    >>> llm = Llama("m.gguf", devices=["CPU", "CUDA0"], placement={"output.weight": "CUDA0"})
+    >>> llm.tensor_devices()["output.weight"]        # read back from the loaded model
+    'CUDA0'
+
+Weights the placement does not name follow `place.DEFAULT_RULE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp.llama_cpp as _C
+
+from .. import _core
+from ..errors import PlanError
+from ..model import gguf_file
+from . import devices as devmod
+from . import place, planfile
+
+
+class _BuftOverride(ctypes.Structure):
+    # struct llama_model_tensor_buft_override (llama.h); llama-cpp-python types the field void*
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def ctx_value(pointer: Any) -> int:
+    """Integer address of a llama-cpp-python ctypes pointer."""
+    return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    """Where one weight of a loaded model lives, as the model reports it."""
+
+    name: str
+    device: str  # oallama device name
+    buffer_type: str  # e.g. "CPU", "CPU_REPACK", "CUDA0", "RPC0[127.0.0.1:50052]"
+    type: str  # ggml type name
+    shape: tuple[int, ...]
+    nbytes: int  # bytes
+    is_host: bool
+
+
+class _NativeLoadParams:
+    """ctypes arrays for llama_model_params.{devices,tensor_buft_overrides}, alive with the model."""
+
+    def __init__(self, spec: place.LoadSpec) -> None:
+        self._patterns = [p.encode() for p, _ in spec.overrides]
+        n = len(spec.overrides)
+        self.overrides = (_BuftOverride * (n + 1))()
+        for i, ((_, dev), pat) in enumerate(zip(spec.overrides, self._patterns, strict=True)):
+            self.overrides[i].pattern = pat
+            self.overrides[i].buft = devmod.buffer_type_address(dev)
+        self.overrides[n].pattern = None  # {NULL, NULL} terminator
+        self.overrides[n].buft = None
+        self.devices = None
+        if spec.devices is not None:
+            addrs = [devmod.device_address(d) for d in spec.devices]
+            self.devices = (ctypes.c_void_p * (len(addrs) + 1))(*addrs, None)
+
+    def apply(self, params: _C.llama_model_params) -> None:
+        if len(self._patterns):
+            params.tensor_buft_overrides = ctypes.cast(self.overrides, ctypes.c_void_p)
+        if self.devices is not None:
+            params.devices = ctypes.cast(self.devices, ctypes.c_void_p)
+
+
+_params_hook_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _model_params_hook(native: _NativeLoadParams | None) -> Iterator[None]:
+    """Have llama_cpp.Llama.__init__ build its llama_model_params with our fields set.
+
+    Llama.__init__ starts from llama_model_default_params() and never touches `devices` or
+    `tensor_buft_overrides`; wrapping that one call is the least intrusive way in.
+    """
+    if native is None:
+        yield
+        return
+    with _params_hook_lock:
+        original = _C.llama_model_default_params
+
+        def patched() -> _C.llama_model_params:
+            params = original()
+            native.apply(params)
+            return params
+
+        _C.llama_model_default_params = patched
+        try:
+            yield
+        finally:
+            _C.llama_model_default_params = original
+
+
+def _trim(shape: Sequence[int]) -> tuple[int, ...]:
+    """ggml's 4-d ne without trailing 1s: (4096, 1024, 1, 1) -> (4096, 1024)."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return tuple(dims)
+
+
+def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.GGUFInfo,
+             devices: Sequence[str] | None, gpu_budget: str | int | None, kwargs: dict[str, Any],
+             device: str | None, workload: Any, profile: Any) -> planfile.LoadRequest:
+    if gpu_budget is not None and placement is None:
+        placement = "optimal"
+    is_file = isinstance(placement, Path) or (isinstance(placement, str) and
+                                              (bool(Path(placement).suffix) or Path(placement).exists()))
+    if isinstance(placement, str) and not is_file:  # a strategy: ask the installed planner
+        planner = planfile.planner()
+        if placement not in planner.strategies:
+            raise PlanError(f"placement '{placement}': not a plan file and not a strategy "
+                            f"({', '.join(planner.strategies)})")
+        if gpu_budget is None:
+            raise PlanError(f"placement='{placement}' needs gpu_budget= (bytes such as '12GiB' or a share such as '50%')")
+        acc = device or next((d for d in devices or [] if not devmod.resolve(d).is_host), None)
+        if acc is None:
+            found = devmod.default_accelerator()
+            if found is None:
+                raise PlanError("no accelerator to plan for: pass device='CUDA0' or 'RPC[host:port]' "
+                                "(oallama.runtime.rpc.start_server() starts a local one)")
+            acc = found.name
+        doc = planner(model.path, placement, gpu_budget, device=acc, workload=workload, profile=profile,
+                      threads=kwargs.get("n_threads"), op_offload=kwargs.get("op_offload") is not False,
+                      n_ubatch=int(kwargs.get("n_ubatch", 512)), progress=bool(kwargs.get("verbose", True)))
+        return planfile.operator_plan_request(doc)
+    if gpu_budget is not None:
+        raise PlanError("gpu_budget= goes with placement='layers'|'affinity'|'optimal', not with a fixed placement")
+    if placement is None or isinstance(placement, Mapping):
+        return planfile.LoadRequest(dict(placement) if placement is not None else None)
+    if isinstance(placement, str | Path):
+        return planfile.read(placement, model)
+    raise PlanError(f"placement must be a mapping, a plan file or a strategy name, not {type(placement).__name__}")
+
+
+class Llama(llama_cpp.Llama):
+    """llama_cpp.Llama with `devices=`, `placement=` and `gpu_budget=` (see module docstring)."""
+
+    def __init__(self, model_path: str, *args: Any, devices: Sequence[str] | None = None,
+                 placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
+                 device: str | None = None, workload: Any = None, profile: Any = None, **kwargs: Any) -> None:
+        self.model_info = gguf_file.check_model(model_path)
+        req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile)
+        if devices is None and req.devices is not None:
+            devices = req.devices
+        if req.n_gpu_layers is not None:
+            if "n_gpu_layers" in kwargs and kwargs["n_gpu_layers"] != req.n_gpu_layers:
+                raise PlanError(f"n_gpu_layers={kwargs['n_gpu_layers']} conflicts with the plan's "
+                                f"n_gpu_layers={req.n_gpu_layers}")
+            kwargs["n_gpu_layers"] = req.n_gpu_layers
+        for k, v in (req.llama_kwargs or {}).items():
+            if k in kwargs and kwargs[k] != v:
+                raise PlanError(f"{k}={kwargs[k]!r} conflicts with the plan's {k}={v!r}")
+            kwargs[k] = v
+        if kwargs.get("op_offload") is False and req.offload_policy:
+            if any(b < planfile.NEVER for b in req.offload_policy.values()):
+                raise PlanError("the plan streams host weights to the accelerator, which needs op_offload=True")
+            req.offload_policy = None  # "never stream" everywhere is what op_offload=False does anyway
+        self.plan: dict[str, Any] | None = req.plan
+        self.load_spec: place.LoadSpec | None = None
+        self._native_load_params: _NativeLoadParams | None = None
+        if devices is not None or req.assignment is not None or req.raw_overrides:
+            self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices, req.raw_overrides or ())
+            self._native_load_params = _NativeLoadParams(self.load_spec)
+        with _model_params_hook(self._native_load_params):
+            super().__init__(model_path, *args, **kwargs)
+        if req.offload_policy:
+            try:
+                _core.set_offload_policy(self._context_address(), req.offload_policy)
+            except RuntimeError as e:
+                self.close()
+                raise PlanError(str(e)) from None
+
+    def close(self) -> None:
+        # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then
+        if hasattr(self, "_stack"):
+            super().close()
+
+    def _context_address(self) -> int:
+        ctx = getattr(getattr(self, "_ctx", None), "ctx", None)
+        if ctx is None:
+            raise RuntimeError("this Llama is closed: its context has been freed")
+        return int(ctx_value(ctx))
+
+    def offload_policy(self) -> dict[str, int]:
+        """Per-weight op offload thresholds in effect (weight -> min batch), read from the scheduler."""
+        return dict(_core.get_offload_policy(self._context_address()))
+
+    # --- readback ---------------------------------------------------------------------------
+
+    def _model_address(self) -> int:
+        model = getattr(getattr(self, "_model", None), "model", None)
+        if model is None:
+            raise RuntimeError("this Llama is closed: its model has been freed")
+        return ctx_value(model)
+
+    def tensor_placements(self) -> list[TensorPlacement]:
+        """Every weight tensor of the loaded model with its device and buffer type, read from
+        the model's own buffers. A tied weight that llama.cpp duplicates appears twice."""
+        return [
+            TensorPlacement(t["name"], t["device"], t["buffer_type"], t["type"], _trim(t["shape"]),
+                            t["nbytes"], t["is_host"])
+            for t in _core.model_tensors(self._model_address())
+        ]
+
+    def tensor_devices(self) -> dict[str, str]:
+        """weight name -> device name, read back from the loaded model (first copy of a name)."""
+        out: dict[str, str] = {}
+        for t in self.tensor_placements():
+            out.setdefault(t.name, t.device)
+        return out
+
+    def bytes_per_device(self) -> dict[str, int]:
+        """Weight bytes held on each device (bytes)."""
+        out: dict[str, int] = {}
+        for t in self.tensor_placements():
+            out[t.device] = out.get(t.device, 0) + t.nbytes
+        return out

@@ -1,0 +1,134 @@
+"""Placement: a weight-name -> device map, turned into what llama.cpp's loader takes.
+
+llama.cpp places weights through `llama_model_params.tensor_buft_overrides`: a list of
+{regex, buffer type}, first match wins, `std::regex_search` on the tensor name, and one regex
+compiled per tensor per override while loading. So the map is compiled into few, exact
+patterns: per device, one anchored pattern per group of tensors that share a layer set, e.g.
+
+    ^blk\\.(?:0|1|7)\\.(?:ffn_down|ffn_up)\\.weight$   -> CUDA0
+    ^(?:output\\.weight|token_embd\\.weight)$          -> CUDA0
+
+Every pattern lists exact names, so no pattern can catch a tensor meant for another device
+(``blk.1.`` never matches ``blk.10.``) and their order does not matter. A 64-layer model needs
+at most (devices x distinct tensor kinds) patterns, far below llama.cpp's 4096.
+
+The rule for weights a placement does not name (DEFAULT_RULE) is llama.cpp's own: they go where
+`n_gpu_layers` puts their layer, which with oallama's and llama-cpp-python's default of 0 is
+host memory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import PlacementError
+from ..model.gguf_file import GGUFInfo
+from . import devices as devmod
+
+DEFAULT_RULE = (
+    "weights the placement does not name stay where llama.cpp puts them by n_gpu_layers "
+    "(default 0: host memory, CPU)"
+)
+MAX_OVERRIDES = 4096  # llama_max_tensor_buft_overrides() of the pinned llama.cpp
+_LAYER_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
+_ECMA_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}/])")
+
+
+def _escape(text: str) -> str:
+    """Escape for std::regex (ECMAScript grammar)."""
+    return _ECMA_SPECIAL.sub(r"\\\1", text)
+
+
+def _alternation(items: Iterable[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else "(?:" + "|".join(items) + ")"
+
+
+def compile_patterns(assignment: Mapping[str, str]) -> list[tuple[str, str]]:
+    """weight name -> device  ==>  [(anchored ECMAScript regex, device)], compact and exact."""
+    layered: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    plain: dict[str, list[str]] = defaultdict(list)
+    for name, dev in assignment.items():
+        m = _LAYER_NAME.match(name)
+        if m:
+            layered[dev][m[2]].add(int(m[1]))
+        else:
+            plain[dev].append(name)
+    out: list[tuple[str, str]] = []
+    for dev in sorted(set(layered) | set(plain)):
+        groups: dict[tuple[int, ...], list[str]] = defaultdict(list)
+        for suffix, layers in layered[dev].items():
+            groups[tuple(sorted(layers))].append(suffix)
+        for layers, suffixes in sorted(groups.items()):
+            out.append((rf"^blk\.{_alternation(map(str, layers))}\.{_alternation(map(_escape, sorted(suffixes)))}$",
+                        dev))
+        if plain[dev]:
+            out.append((f"^{_alternation(_escape(n) for n in sorted(plain[dev]))}$", dev))
+    if len(out) > MAX_OVERRIDES:
+        raise PlacementError(f"placement needs {len(out)} override patterns; llama.cpp takes at most {MAX_OVERRIDES}")
+    return out
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What oallama hands llama.cpp's loader for one model."""
+
+    assignment: dict[str, str]  # weight name -> oallama device name (the request)
+    devices: list[str] | None  # accelerators for llama_model_params.devices; None: llama.cpp's default
+    overrides: list[tuple[str, str]]  # (pattern, device name)
+    buffer_types: dict[str, str] = field(default_factory=dict)  # device -> its buffer type name
+
+    def ot_arguments(self) -> list[str]:
+        """`-ot` arguments reproducing this placement in stock llama-server / llama-cli."""
+        args: list[str] = []
+        for pattern, dev in self.overrides:
+            args += ["-ot", f"{pattern}={self.buffer_types.get(dev, dev)}"]
+        return args
+
+
+def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
+    names = {t.name for t in model.tensors}
+    unknown = [n for n in assignment if n not in names]
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], names, n=1)
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise PlacementError(
+            f"placement names tensor '{unknown[0]}'{more} that {model.path.name} does not have"
+            + (f"; did you mean '{hint[0]}'?" if hint else "")
+        )
+
+
+def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
+                    devices: Sequence[str] | None, raw_overrides: Sequence[tuple[str, str]] = ()) -> LoadSpec:
+    """Validate a placement against the model and the devices; compile it for the loader.
+    raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's)."""
+    requested = [devmod.resolve(d) for d in devices] if devices is not None else None
+    assignment: dict[str, str] = {}
+    for name, dev in (placement or {}).items():
+        if not isinstance(name, str) or not isinstance(dev, str):
+            raise PlacementError(f"placement entries must be str -> str, got {name!r} -> {dev!r}")
+        assignment[name] = devmod.resolve(dev).name
+    _check_names(assignment, model)
+
+    used = [devmod.resolve(d) for d in dict.fromkeys(assignment.values())]
+    accel: list[devmod.Device] | None
+    if requested is not None:
+        allowed = {d.name for d in requested}
+        stray = [d.name for d in used if d.name not in allowed and not d.is_host]
+        if stray:
+            raise PlacementError(f"placement uses device {stray[0]}, which is not in devices={list(devices or [])}")
+        accel = [d for d in requested if not d.is_host]
+    elif any(d.kind == "rpc" for d in used):
+        # llama.cpp's default list holds local GPUs only; an explicit list must add the RPC ones
+        local = [d for d in devmod.list_devices() if d.kind in ("gpu", "igpu")]
+        accel = [d for d in used if d.kind == "rpc"] + local
+    else:
+        accel = None  # llama.cpp's default device selection (all local GPUs)
+    names = list(dict.fromkeys(d.name for d in accel)) if accel is not None else None
+    buft = {d.name: d.buffer_type for d in [*(accel or []), *used]}
+    raw = [(pat, devmod.resolve(dev).name) for pat, dev in raw_overrides]
+    return LoadSpec(assignment, names, raw + compile_patterns(assignment), buft)

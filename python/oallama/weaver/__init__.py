@@ -1,0 +1,6 @@
+"""Attention offload between models (seed 003: Weaver).
+
+    host        the shared-memory task ring protocol and its CPU reference receiver/sender
+    cuda        the CUDA receiver (polling kernel), sender and IPC (opt-in build)
+    splitting   the operator-splitting planner (expected wait behind a running kernel)
+"""
