@@ -1,6 +1,26 @@
-// oallama._core: pybind11 bindings of oallama.h. Native handles cross the boundary as integer
-// addresses (the value of llama-cpp-python's ctypes pointers); C++ exceptions surface as
-// RuntimeError and are re-raised by the Python wrappers as oallama.errors types.
+// oallama._core: pybind11 bindings of oallama.h.
+//
+// Handles. Native objects cross the boundary as typed objects, never as integer addresses that any
+// int could impersonate:
+//   Session  owns a metadata-only model + context (oallama_session_init / _free);
+//   Context  a llama_context borrowed from the Python object that owns (and frees) it: a Session
+//            (Session.context()) or llama-cpp-python's llama_cpp._internals.LlamaContext
+//            (Context(llm._ctx));
+//   Model    the same for a llama_model: Session.model() or Model(llm._model), a LlamaModel.
+// A Context / Model keeps its owner alive and reads the owner's pointer at every use, so once the
+// owner is closed (llama_free / llama_model_free ran) a call raises oallama.errors.ClosedError
+// instead of touching freed memory. The one place an integer becomes a pointer is
+// borrowed::get() below, from the owner's own attribute. The only integers handed out are
+// device_address / buffer_type_address: the ggml_backend_dev_t and buffer type that
+// llama-cpp-python's ctypes llama_model_params (devices, tensor_buft_overrides) take.
+//
+// Structs. oallama.h's result structs come back as read-only classes (Device, TensorInfo,
+// GraphTensor, Graph, MemoryUse, Timing, FitResult), each field named here once, as in the
+// header; they cannot be built or changed from Python.
+//
+// Errors. A closed handle raises oallama.errors.ClosedError (a RuntimeError); a wrong argument
+// type, TypeError; other C++ exceptions surface as RuntimeError, which the Python wrappers
+// re-raise as oallama.errors types.
 
 #include "oallama.h"
 
@@ -9,86 +29,245 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace py = pybind11;
 
-static py::dict device_to_dict(const oallama_device_info & d) {
-    static const char * kinds[] = {"cpu", "gpu", "igpu", "accel", "rpc", "other"};
-    py::dict out;
-    out["name"]         = d.name;
-    out["ggml_name"]    = d.ggml_name;
-    out["description"]  = d.description;
-    out["backend"]      = d.backend;
-    out["kind"]         = kinds[d.kind];
-    out["buffer_type"]  = d.buffer_type;
-    out["memory_free"]  = d.memory_free;
-    out["memory_total"] = d.memory_total;
-    return out;
-}
-
-static py::dict graph_tensor_to_dict(const oallama_graph_tensor & t) {
-    py::dict d;
-    d["name"]         = t.name;
-    d["op"]           = t.op;
-    d["type"]         = ggml_type_name(t.type);
-    d["ne"]           = py::make_tuple(t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
-    d["nbytes"]       = t.nbytes;
-    d["srcs"]         = t.srcs;
-    d["view_src"]     = t.view_src == OALLAMA_NO_TENSOR ? py::object(py::none()) : py::object(py::int_(t.view_src));
-    d["weight"]       = t.weight;
-    d["weight_slot"]  = t.weight_slot;
-    d["backend"]      = t.backend;
-    d["pinned"]       = t.pinned;
-    d["host_buffer"]  = t.host_buffer;
-    d["supported_on"] = t.supported_on;
-    d["caller_pinned"] = t.caller_pinned;
-    d["is_view"]      = t.is_view;
-    d["is_input"]     = t.is_input;
-    d["is_output"]    = t.is_output;
-    return d;
-}
+// Use of a handle whose owner has freed it; raised in Python as oallama.errors.ClosedError.
+struct oallama_closed_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
 
 // owns a metadata-only model + context (see oallama_session_init)
 class Session {
 public:
     explicit Session(const oallama_session_params & p) : s_(oallama_session_init(p)) {}
+    Session(const Session &) = delete;
+    Session & operator=(const Session &) = delete;
     ~Session() { close(); }
     void close() { oallama_session_free(s_); s_ = nullptr; }
-    uintptr_t model() const {
+    bool closed() const { return s_ == nullptr; }
+    llama_context * context() const {
         if (s_ == nullptr) {
-            throw std::runtime_error("session is closed");
+            throw oallama_closed_error("this Session is closed: its llama_model and llama_context have been freed");
         }
-        return reinterpret_cast<uintptr_t>(llama_get_model(oallama_session_get_context(s_)));
-    }
-    uintptr_t context() const {
-        if (s_ == nullptr) {
-            throw std::runtime_error("session is closed");
-        }
-        return reinterpret_cast<uintptr_t>(oallama_session_get_context(s_));
+        return oallama_session_get_context(s_);
     }
 private:
     oallama_session * s_;
 };
 
+// What a borrowed T (llama_context, llama_model) is called in Python and where its owners keep it.
+template <typename T> struct borrowed_traits;
+template <> struct borrowed_traits<llama_context> {
+    static constexpr const char * py_name     = "Context";
+    static constexpr const char * owner_class = "LlamaContext";  // llama_cpp._internals.LlamaContext = Llama._ctx
+    static constexpr const char * owner_attr  = "ctx";           // its llama_context* (int); None once freed
+    static llama_context * from_session(const Session & s) { return s.context(); }
+};
+template <> struct borrowed_traits<const llama_model> {
+    static constexpr const char * py_name     = "Model";
+    static constexpr const char * owner_class = "LlamaModel";    // llama_cpp._internals.LlamaModel = Llama._model
+    static constexpr const char * owner_attr  = "model";         // its llama_model* (int); None once freed
+    static const llama_model * from_session(const Session & s) { return llama_get_model(s.context()); }
+};
+
+static std::string oallama_py_type_name(py::handle obj) {
+    py::handle t = py::type::handle_of(obj);
+    return py::str(t.attr("__module__")).cast<std::string>() + "." + py::str(t.attr("__qualname__")).cast<std::string>();
+}
+
+// A T* borrowed from the Python object that owns and frees it: a Session, or llama-cpp-python's
+// wrapper. The owner is kept alive here; its pointer is read at every get(), so a closed owner is
+// an oallama_closed_error, never a dangling pointer.
+template <typename T>
+class borrowed {
+    using traits = borrowed_traits<T>;
+public:
+    // from llama-cpp-python's owner (Llama._ctx / Llama._model); refuses anything else
+    explicit borrowed(py::object owner) : owner_(std::move(owner)) {
+        if (!is_llama_cpp_owner(owner_)) {
+            throw py::type_error(std::string(traits::py_name) + "(owner): owner must be a llama_cpp._internals." +
+                                 traits::owner_class + " (a Llama's ._" + traits::owner_attr + "), not " +
+                                 oallama_py_type_name(owner_));
+        }
+        get();  // a closed owner fails here already
+    }
+    // from a Session; `session` is the Python object of *s and keeps it alive
+    borrowed(py::object session, const Session * s) : owner_(std::move(session)), session_(s) {}
+
+    T * get() const {  // needs the GIL
+        if (session_ != nullptr) {
+            return traits::from_session(*session_);
+        }
+        py::object p = owner_.attr(traits::owner_attr);
+        if (p.is_none()) {
+            throw oallama_closed_error(std::string(traits::py_name) + ": its owner " + oallama_py_type_name(owner_) +
+                                       " is closed (the Llama was closed): the native object has been freed");
+        }
+        if (!py::isinstance<py::int_>(p)) {
+            throw py::type_error(std::string(traits::py_name) + ": " + oallama_py_type_name(owner_) + "." +
+                                 traits::owner_attr + " is a " + oallama_py_type_name(p) +
+                                 ", not the int address llama-cpp-python's ctypes bindings return");
+        }
+        return reinterpret_cast<T *>(p.cast<uintptr_t>());
+    }
+    bool closed() const {
+        return session_ != nullptr ? session_->closed() : owner_.attr(traits::owner_attr).is_none();
+    }
+    py::object owner() const { return owner_; }
+    std::string repr() const {
+        return std::string("<oallama._core.") + traits::py_name + " of " + oallama_py_type_name(owner_) +
+               (closed() ? " (closed)>" : ">");
+    }
+private:
+    static bool is_llama_cpp_owner(py::handle obj) {
+        py::dict modules = py::module_::import("sys").attr("modules");
+        if (!modules.contains("llama_cpp._internals")) {
+            return false;  // llama-cpp-python not imported: obj cannot be one of its objects
+        }
+        return py::isinstance(obj, modules["llama_cpp._internals"].attr(traits::owner_class));
+    }
+    py::object      owner_;
+    const Session * session_ = nullptr;
+};
+using Context = borrowed<llama_context>;
+using Model   = borrowed<const llama_model>;
+
+template <typename T>
+static void oallama_bind_borrowed(py::module_ & m, const char * doc) {
+    py::class_<borrowed<T>>(m, borrowed_traits<T>::py_name, doc)
+        .def(py::init<py::object>(), py::arg("owner"))
+        .def_property_readonly("closed", &borrowed<T>::closed, "the owner has freed the native object")
+        .def_property_readonly("owner", &borrowed<T>::owner, "the Python object that owns and frees it")
+        .def("__repr__", &borrowed<T>::repr);
+}
+
+static const char * oallama_device_kind_name(oallama_device_kind k) {
+    switch (k) {
+        case OALLAMA_DEVICE_KIND_CPU:   return "cpu";
+        case OALLAMA_DEVICE_KIND_GPU:   return "gpu";
+        case OALLAMA_DEVICE_KIND_IGPU:  return "igpu";
+        case OALLAMA_DEVICE_KIND_ACCEL: return "accel";
+        case OALLAMA_DEVICE_KIND_RPC:   return "rpc";
+        default:                        return "other";
+    }
+}
+
+static py::tuple oallama_ne_tuple(const std::array<int64_t, 4> & ne) {  // elements per dimension
+    return py::make_tuple(ne[0], ne[1], ne[2], ne[3]);
+}
+
+// the result structs of oallama.h, read-only: no constructor, no setter
+static void oallama_bind_structs(py::module_ & m) {
+    using D = oallama_device_info;
+    py::class_<D>(m, "Device", "A device ggml knows in this process (oallama_device_info).")
+        .def_readonly("name", &D::name)
+        .def_readonly("ggml_name", &D::ggml_name)
+        .def_readonly("description", &D::description)
+        .def_readonly("backend", &D::backend)
+        .def_property_readonly("kind", [](const D & d) { return oallama_device_kind_name(d.kind); },
+                               "cpu | gpu | igpu | accel | rpc | other")
+        .def_readonly("buffer_type", &D::buffer_type)
+        .def_readonly("memory_free", &D::memory_free, "bytes; 0 when not queried")
+        .def_readonly("memory_total", &D::memory_total, "bytes; 0 when not queried")
+        .def("__repr__", [](const D & d) { return "<oallama._core.Device " + d.name + " (" + d.description + ")>"; });
+
+    using T = oallama_tensor_info;
+    py::class_<T>(m, "TensorInfo", "A weight of a loaded model and where it lives (oallama_tensor_info).")
+        .def_readonly("name", &T::name)
+        .def_property_readonly("type", [](const T & t) { return ggml_type_name(t.type); }, "ggml type name")
+        .def_property_readonly("ne", [](const T & t) { return oallama_ne_tuple(t.ne); }, "elements per dimension (4)")
+        .def_readonly("nbytes", &T::nbytes, "bytes")
+        .def_readonly("buffer_type", &T::buffer_type)
+        .def_readonly("device", &T::device)
+        .def_readonly("is_host", &T::is_host)
+        .def("__repr__", [](const T & t) { return "<oallama._core.TensorInfo " + t.name + " on " + t.buffer_type + ">"; });
+
+    using G = oallama_graph_tensor;
+    py::class_<G>(m, "GraphTensor", "A node or leaf of a scheduled graph (oallama_graph_tensor).")
+        .def_readonly("name", &G::name)
+        .def_readonly("op", &G::op)
+        .def_property_readonly("type", [](const G & t) { return ggml_type_name(t.type); }, "ggml type name")
+        .def_property_readonly("ne", [](const G & t) { return oallama_ne_tuple(t.ne); }, "elements per dimension (4)")
+        .def_readonly("nbytes", &G::nbytes, "bytes")
+        .def_property_readonly("srcs", [](const G & t) { return py::tuple(py::cast(t.srcs)); },
+                               "node index i >= 0, or leaf -1-j")
+        .def_property_readonly("view_src", [](const G & t) {
+            return t.view_src == OALLAMA_NO_TENSOR ? std::nullopt : std::optional<int>(t.view_src);
+        }, "tensor whose memory this one views (index as srcs), or None")
+        .def_readonly("weight", &G::weight)
+        .def_readonly("weight_slot", &G::weight_slot)
+        .def_readonly("backend", &G::backend)
+        .def_readonly("pinned", &G::pinned)
+        .def_readonly("host_buffer", &G::host_buffer)
+        .def_property_readonly("supported_on", [](const G & t) { return py::tuple(py::cast(t.supported_on)); })
+        .def_readonly("caller_pinned", &G::caller_pinned)
+        .def_readonly("is_view", &G::is_view)
+        .def_readonly("is_input", &G::is_input)
+        .def_readonly("is_output", &G::is_output)
+        .def("__repr__", [](const G & t) { return "<oallama._core.GraphTensor " + t.name + " " + t.op + ">"; });
+
+    py::class_<oallama_graph>(m, "Graph", "One ubatch's graph as the scheduler splits it (oallama_graph).")
+        .def_readonly("backends", &oallama_graph::backends, "by priority, the CPU last")
+        .def_readonly("nodes", &oallama_graph::nodes, "in execution order")
+        .def_readonly("leafs", &oallama_graph::leafs)
+        .def_readonly("n_splits", &oallama_graph::n_splits)
+        .def_readonly("n_copies", &oallama_graph::n_copies);
+
+    using U = oallama_memory_use;
+    py::class_<U>(m, "MemoryUse", "llama.cpp's memory use of a context in one buffer type (oallama_memory_use).")
+        .def_readonly("buffer_type", &U::buffer_type)
+        .def_readonly("device", &U::device)
+        .def_readonly("model", &U::model, "bytes of weights")
+        .def_readonly("context", &U::context, "bytes of KV cache and other context state")
+        .def_readonly("compute", &U::compute, "bytes of compute buffers")
+        .def("__repr__", [](const U & u) { return "<oallama._core.MemoryUse " + u.buffer_type + ">"; });
+
+    py::class_<oallama_timing>(m, "Timing", "One measurement (oallama_timing).")
+        .def_readonly("samples_us", &oallama_timing::samples_us, "us, one per repeat, after warm-up")
+        .def_readonly("buffer_type", &oallama_timing::buffer_type, "where the measured tensor lived");
+
+    using F = oallama_fit_result;
+    py::class_<F>(m, "FitResult", "llama.cpp's automatic fit (oallama_fit_result).")
+        .def_readonly("fits", &F::fits)
+        .def_readonly("n_gpu_layers", &F::n_gpu_layers)
+        .def_readonly("n_ctx", &F::n_ctx)
+        .def_readonly("overrides", &F::overrides, "[(regex, device name)]");
+}
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "oallama native layer (see csrc/oallama.h)";
+
+    py::register_local_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) {
+                std::rethrow_exception(p);
+            }
+        } catch (const oallama_closed_error & e) {
+            // _core lives inside the oallama package: its errors module is always importable
+            py::set_error(py::module_::import("oallama.errors").attr("ClosedError"), e.what());
+        }
+    });
 
     m.attr("llama_cpp_commit") = OALLAMA_LLAMA_CPP_COMMIT;
     m.attr("have_cuda") = bool(OALLAMA_HAVE_CUDA);
 
+    oallama_bind_structs(m);
+    oallama_bind_borrowed<llama_context>(m, "A llama_context borrowed from its owner: Context(llm._ctx) or Session.context().");
+    oallama_bind_borrowed<const llama_model>(m, "A llama_model borrowed from its owner: Model(llm._model) or Session.model().");
+
     m.def("backend_init", []() { llama_backend_init(); },
           "Initialise llama.cpp's backends (idempotent).");
 
-    m.def("devices_list", [](bool query_rpc_memory) {
-        py::list out;
-        for (const auto & d : oallama_devices_list(query_rpc_memory)) {
-            out.append(device_to_dict(d));
-        }
-        return out;
-    }, py::arg("query_rpc_memory") = false);
+    m.def("devices_list", &oallama_devices_list, py::arg("query_rpc_memory") = false,
+          "Every device ggml knows in this process (RPC memory: a round trip each, when asked).");
 
     m.def("device_memory", [](const std::string & name) {
-        size_t free = 0, total = 0;
+        size_t free = 0, total = 0;  // bytes
         ggml_backend_dev_t dev = oallama_device_by_name(name);
         {
             py::gil_scoped_release release;
@@ -97,38 +276,27 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(free, total);
     }, py::arg("name"), "(free, total) bytes of one device (an RPC device: a round trip; probe it first).");
 
+    // the only integer addresses _core hands out: for llama-cpp-python's ctypes llama_model_params
     m.def("device_address", [](const std::string & name) {
         return reinterpret_cast<uintptr_t>(oallama_device_by_name(name));
-    }, py::arg("name"), "ggml_backend_dev_t of a device, as an integer address; raises if unknown.");
+    }, py::arg("name"), "ggml_backend_dev_t of a device, as an integer address for ctypes; raises if unknown.");
+
+    m.def("buffer_type_address", [](const std::string & name) {
+        return reinterpret_cast<uintptr_t>(ggml_backend_dev_buffer_type(oallama_device_by_name(name)));
+    }, py::arg("name"), "Default ggml_backend_buffer_type_t of a device, as an integer address for ctypes.");
 
     m.def("device_name", [](const std::string & name) {
         return oallama_device_get_name(oallama_device_by_name(name));
     }, py::arg("name"), "oallama name of a device given by oallama or ggml name.");
-
-    m.def("buffer_type_address", [](const std::string & name) {
-        return reinterpret_cast<uintptr_t>(ggml_backend_dev_buffer_type(oallama_device_by_name(name)));
-    }, py::arg("name"), "Default ggml_backend_buffer_type_t of a device, as an integer address.");
 
     m.def("rpc_add_server", [](const std::string & endpoint) {
         py::gil_scoped_release release;
         return oallama_rpc_add_server(endpoint);
     }, py::arg("endpoint"));
 
-    m.def("model_tensors", [](uintptr_t model) {
-        py::list out;
-        for (const auto & t : oallama_model_get_tensors(reinterpret_cast<const llama_model *>(model))) {
-            py::dict d;
-            d["name"]        = t.name;
-            d["type"]        = ggml_type_name(t.type);
-            d["shape"]       = py::make_tuple(t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
-            d["nbytes"]      = t.nbytes;
-            d["buffer_type"] = t.buffer_type;
-            d["device"]      = t.device;
-            d["is_host"]     = t.is_host;
-            out.append(std::move(d));
-        }
-        return out;
-    }, py::arg("model"), "Weights of a loaded llama_model (integer address) and where they live.");
+    m.def("model_tensors", [](const Model & model) {
+        return oallama_model_get_tensors(model.get());
+    }, py::arg("model"), "Weights of a loaded model and where they live.");
 
     m.def("quant_compute_types", [](const py::dict & hp, const std::vector<std::string> & names,
                                     const std::vector<std::vector<int64_t>> & shapes, int ftype) {
@@ -189,80 +357,48 @@ PYBIND11_MODULE(_core, m) {
              py::arg("path"), py::arg("devices") = py::none(), py::arg("overrides") = std::vector<std::pair<std::string, std::string>>(),
              py::arg("n_gpu_layers") = 0, py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_ubatch") = 512,
              py::arg("n_threads") = 4, py::arg("flash_attn") = false, py::arg("op_offload") = true, py::arg("verbose") = false)
-        .def("close", &Session::close)
-        .def("context", &Session::context, "llama_context of the session, as an integer address")
-        .def("model", &Session::model, "llama_model of the session, as an integer address");
+        .def("close", &Session::close, "Free the model and context; their Context / Model handles then raise ClosedError.")
+        .def_property_readonly("closed", &Session::closed)
+        .def("context", [](py::object self) { return Context(self, &self.cast<const Session &>()); },
+             "The session's llama_context (kept alive with the session)")
+        .def("model", [](py::object self) { return Model(self, &self.cast<const Session &>()); },
+             "The session's llama_model (kept alive with the session)");
 
 #if OALLAMA_HAVE_FIT
     m.def("fit_params", [](const std::string & path, const std::vector<std::string> & devices,
                            const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
                            bool flash_attn) {
-        oallama_fit_result r;
-        {
-            py::gil_scoped_release release;
-            r = oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn);
-        }
-        py::dict d;
-        d["fits"] = r.fits;
-        d["n_gpu_layers"] = r.n_gpu_layers;
-        d["n_ctx"] = r.n_ctx;
-        d["overrides"] = r.overrides;
-        return d;
+        py::gil_scoped_release release;
+        return oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn);
     }, py::arg("path"), py::arg("devices"), py::arg("margins"), py::arg("n_ctx"), py::arg("n_batch") = 512,
        py::arg("n_ubatch") = 512, py::arg("flash_attn") = false,
        "llama.cpp's automatic fit (common_fit_params) leaving margins[i] bytes free on devices[i].");
 #endif
 
-    m.def("graph", [](uintptr_t ctx, uint32_t n_tokens, uint32_t n_outputs) {
-        oallama_graph g;
-        {
-            py::gil_scoped_release release;
-            g = oallama_context_build_graph(reinterpret_cast<llama_context *>(ctx), n_tokens, n_outputs);
-        }
-        py::list nodes, leafs;
-        for (const auto & t : g.nodes) { nodes.append(graph_tensor_to_dict(t)); }
-        for (const auto & t : g.leafs) { leafs.append(graph_tensor_to_dict(t)); }
-        py::dict out;
-        out["backends"] = g.backends;
-        out["nodes"]    = nodes;
-        out["leafs"]    = leafs;
-        out["n_splits"] = g.n_splits;
-        out["n_copies"] = g.n_copies;
-        return out;
+    m.def("graph", [](const Context & context, uint32_t n_tokens, uint32_t n_outputs) {
+        llama_context * ctx = context.get();
+        py::gil_scoped_release release;
+        return oallama_context_build_graph(ctx, n_tokens, n_outputs);
     }, py::arg("context"), py::arg("n_tokens"), py::arg("n_outputs") = 1,
-       "Graph of one ubatch and the scheduler's node -> device assignment (context: integer address).");
+       "Graph of one ubatch and the scheduler's node -> device assignment.");
 
-    m.def("memory", [](uintptr_t ctx) {
-        py::list out;
-        for (const auto & u : oallama_context_memory(reinterpret_cast<llama_context *>(ctx))) {
-            py::dict d;
-            d["buffer_type"] = u.buffer_type;
-            d["device"]      = u.device;
-            d["model"]       = u.model;
-            d["context"]     = u.context;
-            d["compute"]     = u.compute;
-            out.append(std::move(d));
-        }
-        return out;
+    m.def("memory", [](const Context & context) {
+        return oallama_context_memory(context.get());
     }, py::arg("context"), "llama.cpp's memory breakdown of a context per buffer type (bytes).");
 
-    m.def("set_offload_policy", [](uintptr_t ctx, const std::map<std::string, int64_t> & min_batch) {
-        oallama_context_set_offload_policy(reinterpret_cast<llama_context *>(ctx), min_batch);
-    }, py::arg("context"), py::arg("min_batch"), "Per-weight op offload min batch (patch 0001).");
+    m.def("set_offload_policy", [](const Context & context, const std::map<std::string, int64_t> & min_batch) {
+        llama_context * ctx = context.get();
+        py::gil_scoped_release release;
+        oallama_context_set_offload_policy(ctx, min_batch);
+    }, py::arg("context"), py::arg("min_batch"), "Per-weight op offload min batch (patch 0001; < 0 removes).");
 
-    m.def("get_offload_policy", [](uintptr_t ctx) {
-        return oallama_context_get_offload_policy(reinterpret_cast<llama_context *>(ctx));
-    }, py::arg("context"));
+    m.def("get_offload_policy", [](const Context & context) {
+        return oallama_context_get_offload_policy(context.get());
+    }, py::arg("context"), "Per-weight op offload min batch in effect, read from the context's scheduler.");
 
-    auto timing_to_dict = [](const oallama_timing & t) {
-        py::dict d;
-        d["samples_us"]  = t.samples_us;
-        d["buffer_type"] = t.buffer_type;
-        return d;
-    };
-    m.def("profile_mul_mat", [timing_to_dict](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
-                                              const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
-                                              bool use_extra_bufts) {
+    m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
+                                const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
+                                bool use_extra_bufts) {
         ggml_type t = GGML_TYPE_COUNT;
         for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
             if (ggml_get_type_traits((ggml_type) i)->type_name && wtype == ggml_type_name((ggml_type) i)) {
@@ -272,33 +408,20 @@ PYBIND11_MODULE(_core, m) {
         if (t == GGML_TYPE_COUNT) {
             throw std::runtime_error("unknown ggml type '" + wtype + "'");
         }
-        std::vector<oallama_timing> res;
-        {
-            py::gil_scoped_release release;
-            res = oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts);
-        }
-        py::list out;
-        for (const auto & r : res) { out.append(timing_to_dict(r)); }
-        return out;
+        py::gil_scoped_release release;
+        return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("ns"), py::arg("n_threads"),
-       py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true);
+       py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true,
+       "MUL_MAT of a weight [k, m] by f32 activations [k, n]: one Timing per n in ns.");
 
-    m.def("profile_copy", [timing_to_dict](const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
-        oallama_timing r;
-        {
-            py::gil_scoped_release release;
-            r = oallama_profile_copy(device, bytes, host_to_device, warmup, repeats);
-        }
-        return timing_to_dict(r);
+    m.def("profile_copy", [](const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
+        py::gil_scoped_release release;
+        return oallama_profile_copy(device, bytes, host_to_device, warmup, repeats);
     }, py::arg("device"), py::arg("bytes"), py::arg("host_to_device"), py::arg("warmup") = 2, py::arg("repeats") = 5);
 
-    m.def("profile_launch", [timing_to_dict](const std::string & device, int n_threads, int warmup, int repeats) {
-        oallama_timing r;
-        {
-            py::gil_scoped_release release;
-            r = oallama_profile_launch(device, n_threads, warmup, repeats);
-        }
-        return timing_to_dict(r);
+    m.def("profile_launch", [](const std::string & device, int n_threads, int warmup, int repeats) {
+        py::gil_scoped_release release;
+        return oallama_profile_launch(device, n_threads, warmup, repeats);
     }, py::arg("device"), py::arg("n_threads"), py::arg("warmup") = 2, py::arg("repeats") = 5);
 
     m.def("arch_is_supported", &oallama_arch_is_supported, py::arg("arch"));

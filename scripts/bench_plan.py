@@ -45,7 +45,7 @@ def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps:
         p = plan.make_plan(ctx, strategy, budget_text, candidates=cands)
         total.append(time.perf_counter() - t2)
         algo.append(float(p.extra.get("solve_seconds_total", 0.0)) if strategy == "optimal" else t2 - t1)
-    keep = ("vars", "rows", "solve_seconds_total", "rounds", "n_gpu_layers", "attempts", "from", "solver_status",
+    keep = ("vars", "rows", "solve_seconds_total", "rounds", "n_gpu_layers", "attempts", "winner", "solver_status",
             "mip_gap")
     return {"budget": budget_text, "strategy": strategy, "algorithm_s_median": statistics.median(algo),
             "algorithm_s_stdev": statistics.stdev(algo) if len(algo) > 1 else 0.0,
@@ -116,7 +116,7 @@ def main() -> int:
         for r in rows:
             ex = r["extra"]
             solver = ("" if r["strategy"] != "optimal" else
-                      f"from {ex['from']}" if "from" in ex else
+                      f"from {ex['winner']}" if ex.get("winner", "solver") != "solver" else
                       "proven optimal" if float(ex.get("mip_gap") or 0) <= 1e-6 else f"gap {ex['mip_gap']:.1%}")
             md.append(f"| {r['budget']} | {r['strategy']} | {r['algorithm_s_median']:.3f} ± {r['algorithm_s_stdev']:.3f} | "
                       f"{r['with_memory_check_s_median']:.2f} ± {r['with_memory_check_s_stdev']:.2f} | {solver} | "

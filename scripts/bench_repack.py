@@ -36,8 +36,8 @@ def main() -> int:
         res = {}
         for repack in (True, False):
             r = _core.profile_mul_mat("CPU", wtype, k, m, cols, args.threads, 2, args.reps, repack)
-            res[repack] = [(x["buffer_type"], statistics.median(x["samples_us"]),
-                            statistics.stdev(x["samples_us"])) for x in r]
+            res[repack] = [(x.buffer_type, statistics.median(x.samples_us),
+                            statistics.stdev(x.samples_us)) for x in r]
         for i, n in enumerate(cols):
             (bt_r, t_r, s_r), (bt_p, t_p, s_p) = res[True][i], res[False][i]
             rows.append({"type": wtype, "k": k, "m": m, "cols": n, "repack_buffer": bt_r, "repack_us": t_r,

@@ -73,4 +73,13 @@ def test_cuda_requested_without_a_cuda_compiler_fails_clearly(tmp_path: Path) ->
 
 
 def test_version() -> None:
-    assert oallama.__version__
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    # one version: the installed distribution's metadata (what the build read from _version.py), the
+    # package's attribute and the CLI's --version agree, and it is a PEP 440 version
+    assert oallama.__version__ == version("oallama")
+    assert str(Version(oallama.__version__)) == oallama.__version__
+    res = subprocess.run([sys.executable, "-m", "oallama", "--version"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == f"oallama {oallama.__version__}", res.stderr

@@ -3,6 +3,7 @@ file (a ModelFileError naming the file, before llama.cpp ever sees it)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from helpers import raises_cleanly
 from oallama import Llama, ModelFileError
 from oallama.model import gguf_file
+from oallama.model.presets import PRESETS
 
 KW: dict[str, Any] = {"n_ctx": 256, "verbose": False, "n_threads": 2}
 
@@ -66,49 +68,64 @@ def test_unsupported_version(tmp_path: Path, tiny_q8: Path) -> None:
     _all_refuse(p, "unsupported GGUF version 99")
 
 
-def _tensor_table_bytes(info: gguf_file.GGUFInfo) -> int:
-    # per tensor: name (u64 length + bytes), n_dims u32, ne u64 each, type u32, offset u64
-    return sum(8 + len(t.name.encode()) + 4 + 8 * len(t.shape) + 4 + 8 for t in info.tensors)
+# Where to cut a good file, and what the reader must then say it was reading. Positions come from
+# gguf-py's reader (each metadata field's and tensor-info record's offset), not from oallama's.
+Cut = Callable[[gguf.GGUFReader], tuple[int, str]]
 
 
-def _cut(info: gguf_file.GGUFInfo, where: str) -> int:
-    table = _tensor_table_bytes(info)
-    assert table >= 64
-    return {
-        "in-the-first-key": 40,  # fixed header: 24 bytes, then general.architecture's key
-        "in-the-metadata": 1000,  # inside the vocabulary arrays
-        # the table ends between data_offset - (alignment - 1) and data_offset
-        "in-the-tensor-table": info.data_offset - 32 - table // 2,
-        "in-the-tensor-data": info.data_offset + info.weight_bytes // 2,
-        "one-byte-short": info.file_size - 1,
-    }[where]
+def _in_the_first_key(reader: gguf.GGUFReader) -> tuple[int, str]:
+    first = next(f for f in reader.fields.values() if not f.name.startswith("GGUF."))
+    assert first.offset == 24  # the fixed header: magic, version u32, tensor count u64, key count u64
+    cut = first.offset + 8 + len(first.name) // 2  # halfway through the key's bytes (after its u64 length)
+    return cut, rf"file ends at byte {cut} while reading metadata key"
 
 
-@pytest.mark.parametrize("where", ["in-the-first-key", "in-the-metadata", "in-the-tensor-table"])
+def _in_the_metadata(reader: gguf.GGUFReader) -> tuple[int, str]:
+    tokens = reader.fields["tokenizer.ggml.tokens"]  # the vocabulary: most of the metadata
+    cut = tokens.offset + sum(int(p.nbytes) for p in tokens.parts) // 2
+    return cut, r"file ends (at byte \d+ )?while reading array tokenizer\.ggml\.tokens"
+
+
+def _in_the_tensor_table(reader: gguf.GGUFReader) -> tuple[int, str]:
+    t = reader.tensors[len(reader.tensors) // 2]
+    # a tensor-info record: name (u64 length + bytes), n_dims u32, then ne[0] u64: cut inside ne[0]
+    cut = t.field.offset + 8 + len(t.name) + 4 + 4
+    assert t.field.parts[0].nbytes == 8 and int(t.field.parts[2][0]) == len(t.shape)  # the layout assumed
+    return cut, rf"file ends at byte {cut} while reading shape of {re.escape(t.name)}"
+
+
+HEADER_CUTS: dict[str, Cut] = {"in-the-first-key": _in_the_first_key, "in-the-metadata": _in_the_metadata,
+                               "in-the-tensor-table": _in_the_tensor_table}
+DATA_CUTS: dict[str, Callable[[gguf.GGUFReader, int], int]] = {
+    "in-the-tensor-data": lambda r, size: int(r.data_offset) + sum(int(t.n_bytes) for t in r.tensors) // 2,
+    "one-byte-short": lambda r, size: size - 1,
+}
+
+
+@pytest.mark.parametrize("where", list(HEADER_CUTS))
 def test_truncated_in_the_header(tmp_path: Path, tiny_q8: Path, where: str) -> None:
-    info = gguf_file.read(tiny_q8)
-    cut = _cut(info, where)
-    assert cut < info.data_offset
+    reader = gguf.GGUFReader(tiny_q8)
+    cut, what = HEADER_CUTS[where](reader)
+    assert cut < reader.data_offset
     p = tmp_path / f"cut-{where}.gguf"
     p.write_bytes(tiny_q8.read_bytes()[:cut])
-    for m in _all_refuse(p, "truncated GGUF: file ends"):
-        if where == "in-the-tensor-table":
-            assert "tensor name" in m or any(f"of {t.name}" in m for t in info.tensors), m
+    _all_refuse(p, "truncated GGUF: " + what)
 
 
-@pytest.mark.parametrize("where", ["in-the-tensor-data", "one-byte-short"])
+@pytest.mark.parametrize("where", list(DATA_CUTS))
 def test_truncated_in_the_tensor_data(tmp_path: Path, tiny_q8: Path, where: str) -> None:
-    info = gguf_file.read(tiny_q8)
-    cut = _cut(info, where)
-    assert info.data_offset < cut < info.file_size
-    # the first tensor, in table order, whose bytes the cut removes
-    victim = next(t for t in info.tensors if info.data_offset + t.offset + t.nbytes > cut)
+    reader = gguf.GGUFReader(tiny_q8)
+    size = tiny_q8.stat().st_size
+    cut = DATA_CUTS[where](reader, size)
+    assert reader.data_offset < cut < size
+    # the first tensor, in table order, whose bytes the cut removes (gguf-py's absolute offsets)
+    victim = next(t for t in reader.tensors if int(t.data_offset) + int(t.n_bytes) > cut)
     p = tmp_path / f"cut-{where}.gguf"
     p.write_bytes(tiny_q8.read_bytes()[:cut])
-    end = info.data_offset + victim.offset + victim.nbytes
+    end = int(victim.data_offset) + int(victim.n_bytes)
     _all_refuse(p, rf"truncated GGUF: tensor '{victim.name}' needs bytes up to {end}, the file has {cut}")
     # the header alone is still readable when asked not to check the data
-    assert len(gguf_file.read(p, check_size=False).tensors) == len(info.tensors)
+    assert [t.name for t in gguf_file.read(p, check_size=False).tensors] == [t.name for t in reader.tensors]
 
 
 def test_unknown_architecture(tmp_path: Path) -> None:
@@ -132,22 +149,26 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 
 def test_good_file_agrees_with_gguf_py(tiny_q8: Path) -> None:
     info = gguf_file.check_model(tiny_q8)
-    assert info.architecture == "llama" and info.version == 3
-    assert info.hparam("block_count") == 4 and info.hparam("embedding_length") == 256
-    assert len(info.tensors) == 4 * 9 + 3  # per layer: 7 matrices + 2 norms; embd, output, output_norm
+    reader = gguf.GGUFReader(tiny_q8)  # gguf-py's full reader, as the reference
+    preset = PRESETS["tiny"]  # what the file was written to be
+    assert info.architecture == preset.arch and info.version == reader.fields["GGUF.version"].contents() == 3
+    # every key, with its full value (the tiny vocabulary is short enough to be kept, not skipped)
+    assert info.metadata == {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert info.hparam("block_count") == preset.n_layer and info.hparam("embedding_length") == preset.n_embd
+    assert len(info.tensors) == len(reader.tensors) == reader.fields["GGUF.tensor_count"].contents()
     assert info.metadata["tokenizer.ggml.model"] == "llama"
     tokens = info.metadata["tokenizer.ggml.tokens"]
-    assert len(tokens) == 4096 and tokens[:3] == ["<unk>", "<s>", "</s>"]
+    assert len(tokens) == preset.n_vocab and tokens[:3] == ["<unk>", "<s>", "</s>"]
     assert info.file_size == tiny_q8.stat().st_size
-    assert info.weight_bytes == sum(t.nbytes for t in info.tensors)
+    assert info.weight_bytes == sum(int(t.n_bytes) for t in reader.tensors)
 
-    reader = gguf.GGUFReader(tiny_q8)  # gguf-py's full reader, as the reference
     assert info.data_offset == reader.data_offset
     expected = [(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name.lower(), int(t.data_offset),
                  int(t.n_bytes)) for t in reader.tensors]
     got = [(t.name, t.shape, t.type.lower(), info.data_offset + t.offset, t.nbytes) for t in info.tensors]
     assert got == expected
-    assert info.tensor("output.weight").n_elements == 256 * 4096
+    out = next(t for t in reader.tensors if t.name == "output.weight")
+    assert info.tensor("output.weight").n_elements == int(out.n_elements) == preset.n_embd * preset.n_vocab
 
 
 def test_identity_is_stable_and_tells_models_apart(tiny_q8: Path, synth_model: Callable[..., Path],

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import llama_cpp
 import numpy as np
 import pytest
@@ -123,7 +124,7 @@ def test_stock_arguments_take_effect_and_match_stock_llama_cpp(tiny_q8: Path, re
         stock.close()
 
 
-def test_completion(cpu_llm: Llama) -> None:
+def test_completion(cpu_llm: Llama, tiny_q8: Path) -> None:
     cpu_llm.reset()
     out = cpu_llm(PROMPT, max_tokens=8, temperature=0)
     assert out["object"] == "text_completion"
@@ -133,7 +134,11 @@ def test_completion(cpu_llm: Llama) -> None:
     assert usage["prompt_tokens"] == len(cpu_llm.tokenize(PROMPT.encode(), add_bos=True))
     assert 0 < usage["completion_tokens"] <= 8
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert cpu_llm.n_ctx() == N_CTX and cpu_llm.n_vocab() == 4096 and cpu_llm.n_embd() == 256
+    # llama.cpp's view of the model against the file's, read by gguf-py
+    fields = gguf.GGUFReader(tiny_q8).fields
+    assert cpu_llm.n_vocab() == len(fields["tokenizer.ggml.tokens"].data)
+    assert cpu_llm.n_embd() == fields["llama.embedding_length"].contents()
+    assert cpu_llm.n_ctx() == N_CTX
 
 
 def test_stream_concatenates_to_the_greedy_text(cpu_llm: Llama) -> None:

@@ -51,7 +51,7 @@ def test_live_context_keeps_the_policy_and_outputs_match(tiny_f16: Path, rpc_ser
     kw = {"n_ctx": 256, "n_ubatch": 64, "n_threads": 1, "verbose": False, "logits_all": True}
     llm = Llama(str(tiny_f16), placement=str(path), **kw)
     assert llm.offload_policy() == {W: 16, "blk.0.attn_q.weight": 16}
-    ctx = llm._context_address()
+    ctx = llm.native_context
     assert _backend_of(_core_graph(ctx, 32), W) == acc and _backend_of(_core_graph(ctx, 8), W) == "CPU"
     prompt = llm.tokenize(b"The policy streams this weight to the rpc-server at prefill." * 2)
     assert len(prompt) >= 16
@@ -66,7 +66,7 @@ def test_live_context_keeps_the_policy_and_outputs_match(tiny_f16: Path, rpc_ser
     assert float(((got - ref) ** 2).sum() / (ref**2).sum()) < 1e-4
 
 
-def _core_graph(ctx: int, n: int):
+def _core_graph(ctx: _core.Context, n: int):
     from oallama.planner.graph import Graph
 
     return Graph(n, _core.graph(ctx, n, 1))

@@ -56,6 +56,12 @@ def test_whole_model_on_one_device_is_one_pattern_per_kind_group() -> None:
     assert all(_matches(patterns, n) == ["CUDA0"] for n in NAMES)
 
 
+def test_override_limit_is_llama_cpps() -> None:
+    import llama_cpp  # after oallama (imported above), so that it loads oallama's libllama
+
+    assert llama_cpp.llama_max_tensor_buft_overrides() == MAX_OVERRIDES
+
+
 def test_32b_sized_random_placement_stays_far_below_the_limit() -> None:
     rng = random.Random(0)
     assignment = {f"blk.{i}.{s}": rng.choice(["CPU", "CUDA0"]) for i in range(64) for s in SUFFIXES}

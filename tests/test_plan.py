@@ -184,8 +184,8 @@ def test_optimal_equals_brute_force(which: str, budget_share: float, fast_ctx, m
 
 @pytest.mark.parametrize("budget", ["25%", "50%", "75%", "100%"])
 @pytest.mark.parametrize("which", ["fast", "measured"])
-def test_strategies_respect_the_budget_and_optimal_is_never_worse(which: str, budget: str, fast_ctx,
-                                                                   measured_ctx) -> None:
+def test_strategies_respect_the_budget_and_the_solvers_plan_is_never_worse(which: str, budget: str, fast_ctx,
+                                                                          measured_ctx) -> None:
     ctx = fast_ctx if which == "fast" else measured_ctx
     limit = parse_budget(budget, ctx.model.weight_bytes)
     plans = {}
@@ -193,8 +193,22 @@ def test_strategies_respect_the_budget_and_optimal_is_never_worse(which: str, bu
         plans[s] = make_plan(ctx, s, budget, candidates=list(plans.values()))
         # llama.cpp's own accounting of the load (weights, KV, compute buffers on the accelerator)
         assert plans[s].memory["total"] <= limit, s
-    best_baseline = min(plans["layers"].predicted["e2e_ms"], plans["affinity"].predicted["e2e_ms"])
-    assert plans["optimal"].predicted["e2e_ms"] <= best_baseline + 1e-9
+    # the solver's OWN plan, not a baseline the plan may carry instead: it exists (the solver
+    # found a placement that llama.cpp's accounting shows to fit) and is predicted no slower
+    # than any baseline, within the relative gap the solver reports (0 when proven optimal)
+    key = f"{ctx.workload.objective}_ms"
+    opt = plans["optimal"]
+    own = opt.extra["solver_objective_ms"]
+    assert own is not None, f"the solver returned no plan that fits: {opt.extra}"
+    gap = float(opt.extra.get("mip_gap") or 0.0)
+    for s in STRATEGIES:
+        if s != "optimal":
+            assert own * (1 - gap) <= plans[s].predicted[key] * (1 + 1e-9), (s, own, gap, plans[s].predicted[key])
+    # the plan says which placement it carries: the solver's, or a baseline's (then exactly that one)
+    winner = opt.extra["winner"]
+    carried = own if winner == "solver" else plans[winner].predicted[key]
+    assert opt.predicted[key] == pytest.approx(carried, rel=1e-9)
+    assert opt.predicted[key] <= own
 
 
 # --- the paper's Algorithm 1, by hand ------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from oallama import ProfileError
 from oallama.planner.graph import TargetOp, inventory
-from oallama.planner.profile import Link, Profile, Settings, profile_model, signatures
+from oallama.planner.profile import Link, Profile, Settings, profile_model
 from oallama.runtime import rpc
 
 
@@ -20,13 +20,19 @@ def prof(synth_model, rpc_server: rpc.RpcServer) -> Profile:
 
 
 def test_every_signature_is_measured_on_every_device(prof: Profile, synth_model, rpc_server: rpc.RpcServer) -> None:
+    # every target op of both graphs, taken from the inventory itself (not from signatures(), which
+    # decides what the profiler measures): measured exactly at its own column count, on each device
     inv = inventory(synth_model("tiny", "q8_0"), (1, 32))
-    for (op, wtype, shape), ns in signatures(inv).items():
-        for dev in ("CPU", rpc_server.device_name):
-            for n in ns:
-                st = prof.ops[dev][Profile.op_key(op, wtype, shape, n)]
-                assert st["n"] == 3 and 0 < st["min_us"] <= st["median_us"] <= st["max_us"]
-                assert st["stdev_us"] >= 0 and st["buffer_type"]
+    ops = [o for n in (1, 32) for o in inv.target_ops(n)]
+    assert {o.n_tokens for o in ops} == {1, 32}  # decode, prefill (and the 1-token ops after out_ids)
+    for dev in ("CPU", rpc_server.device_name):
+        for o in ops:
+            st = prof.ops[dev][Profile.op_key(o.op, o.weight_type, o.weight_shape, o.n_tokens)]
+            assert st["n"] == 3 and 0 < st["min_us"] <= st["median_us"] <= st["max_us"]
+            assert st["stdev_us"] >= 0 and st["buffer_type"]
+            assert prof.op_time_us(dev, o) == st["median_us"]
+        # and nothing else: one measurement per distinct (op, type, shape, columns)
+        assert len(prof.ops[dev]) == len({o.signature for o in ops})
     assert prof.ops["CPU"] and prof.settings.threads == 1
     link = prof.links[rpc_server.device_name]
     assert link["h2d"].bytes_per_us > 0 and link["d2h"].bytes_per_us > 0

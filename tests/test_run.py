@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
 import pytest
 
 from oallama import Llama, cli
@@ -69,19 +70,32 @@ def test_run_command_with_a_local_rpc_server(tiny_q8: Path) -> None:
     m = re.search(r"started rpc-server (\S+) as device (RPC\[\S+\])", proc.stderr)
     assert m, proc.stderr
     dev = m[2]
-    # totals per device, both devices, tagged A (first of --devices) and B (the rpc-server)
-    assert re.search(r"^\s+\[A\] CPU\s+26 tensors\s+[\d.]+ MiB$", out, re.M), out
-    assert re.search(rf"^\s+\[B\] {re.escape(dev)}\s+13 tensors\s+[\d.]+ MiB$", out, re.M), out  # 4 x 3 ffn + output
-    # one line per layer: ffn weights on the rpc-server, attention and norms on the CPU
-    for i in range(4):
+    # --split ffn: the feed-forward matrices of every layer and the output head on the rpc-server [B],
+    # everything else (attention, norms, embedding) on the CPU [A]; counted from the file (gguf-py)
+    tensors = gguf.GGUFReader(tiny_q8).tensors
+    ffn = {"ffn_gate", "ffn_up", "ffn_down"}
+
+    def side(name: str) -> str:
+        kind = name.split(".")[2] if name.startswith("blk.") else name
+        return "B" if kind in ffn or name == "output.weight" else "A"
+
+    for tag, device in (("A", "CPU"), ("B", dev)):
+        mine = [t for t in tensors if side(t.name) == tag]
+        mib = sum(int(t.n_bytes) for t in mine) / 2**20
+        assert re.search(rf"^\s+\[{tag}\] {re.escape(device)}\s+{len(mine)} tensors\s+{mib:.1f} MiB$", out, re.M), out
+    # one line per layer: each of the layer's weights with its side
+    layers = sorted({int(t.name.split(".")[1]) for t in tensors if t.name.startswith("blk.")})
+    assert len(layers) == int(gguf.GGUFReader(tiny_q8).fields["llama.block_count"].contents())
+    for i in layers:
         line = re.search(rf"^\s+blk\.{i}\s+(.*)$", out, re.M)
         assert line, f"no line for layer {i}:\n{out}"
         cells = dict(re.findall(r"(\S+)\[([AB])\]", line[1]))
-        assert cells == {"attn_norm": "A", "attn_q": "A", "attn_k": "A", "attn_v": "A", "attn_output": "A",
-                         "ffn_norm": "A", "ffn_gate": "B", "ffn_up": "B", "ffn_down": "B"}, line[0]
+        mine = [t.name for t in tensors if t.name.startswith(f"blk.{i}.")]
+        assert cells == {n.split(".")[2]: side(n) for n in mine}, line[0]
+        assert {"attn_q", "ffn_up"} <= set(cells) and len(set(cells.values())) == 2  # both sides in every layer
     other = re.search(r"^\s+-\s+(.*)$", out, re.M)
     assert other and dict(re.findall(r"(\S+)\[([AB])\]", other[1])) == {
-        "token_embd.weight": "A", "output_norm.weight": "A", "output.weight": "B"}, out
+        t.name: side(t.name) for t in tensors if not t.name.startswith("blk.")}, out
     assert re.search(r"TTFT [\d.]+ ms\s+TPOT [\d.]+ ms/token\s+8 tokens", out), out
     assert f"prompt: {PROMPT!r}" in out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 import oallama
@@ -120,9 +121,12 @@ def test_type_mix_equals_llama_quantize(qtype: str, make_model: MakeModel, tmp_p
     theirs = {t.name: (t.type, t.shape) for t in read(out).tensors}
     plan = {t.name: (synthetic._type_name(t.type_id), t.shape) for t in synthetic.tensor_plan("tiny", qtype)}
     assert plan == theirs
-    if qtype == "q4_k_m":  # and the file itself
-        ours = {t.name: (t.type, t.shape) for t in read(make_model("tiny", qtype)).tensors}
-        assert ours == theirs
+    # and the file itself, both read by gguf-py
+
+    def types(path: Path) -> dict[str, tuple[GGMLQuantizationType, tuple[int, ...]]]:
+        return {t.name: (t.tensor_type, tuple(int(d) for d in t.shape)) for t in GGUFReader(path).tensors}
+
+    assert types(make_model("tiny", qtype)) == types(out)
 
 
 def test_llama3_8b_q4_k_m_plan_is_the_real_files() -> None:
@@ -143,16 +147,28 @@ def test_f16_keeps_1d_tensors_f32() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _llama_ftype(llama_cpp: Any, qtype: str) -> int:
+    return int(getattr(llama_cpp, "LLAMA_FTYPE_ALL_F32" if qtype == "f32" else f"LLAMA_FTYPE_MOSTLY_{qtype.upper()}"))
+
+
 @pytest.mark.parametrize("qtype", list(synthetic.FILE_TYPES))
 def test_tiny_generates_finite_logits(qtype: str, make_model: MakeModel) -> None:
+    import llama_cpp
+
+    p = PRESETS["tiny"]
     path = make_model("tiny", qtype)
     info = read(path)
-    assert info.architecture == "llama"
+    assert info.architecture == p.arch
     assert info.metadata["general.name"] == "oallama synthetic tiny"
-    assert info.metadata["general.file_type"] == synthetic.FILE_TYPES[qtype]
-    assert info.hparam("block_count") == 4
-    assert info.tensor("token_embd.weight").shape == (256, 4096)
+    # llama.h's LLAMA_FTYPE_* (through llama-cpp-python's bindings), not oallama's own table
+    assert info.metadata["general.file_type"] == _llama_ftype(llama_cpp, qtype)
+    assert info.hparam("block_count") == p.n_layer
+    assert info.tensor("token_embd.weight").shape == (p.n_embd, p.n_vocab)
     assert path.stat().st_size < 20e6
+    with llama(path, n_ctx=64) as llm:  # what llama.cpp loaded: every element and byte of the file's tensors
+        reader = GGUFReader(path)
+        assert llm._model.n_params() == sum(int(t.n_elements) for t in reader.tensors)
+        assert llm._model.size() == sum(int(t.n_bytes) for t in reader.tensors)
     tokens, _ = greedy(path, b"Hello world", steps=32)
     assert len(tokens) == 32
 
@@ -239,7 +255,7 @@ def test_special_tokens(make_model: MakeModel) -> None:
     with llama(make_model("minicpm3-4b", "q4_k_m", n_layer=2), vocab_only=True) as llm:
         assert llm.tokenize(b"<|im_start|>", add_bos=False, special=True) == [73441]
     with llama(make_model("tiny", "q8_0"), vocab_only=True) as llm:
-        assert llm.n_vocab() == 4096
+        assert llm.n_vocab() == PRESETS["tiny"].n_vocab
         # byte fallback: anything tokenizes, and round-trips
         text = "Grüße, 世界! 🦙".encode()
         assert llm.detokenize(llm.tokenize(text, add_bos=False)).removeprefix(b" ") == text
@@ -268,11 +284,18 @@ def test_other_seed_other_data(make_model: MakeModel) -> None:
 def test_fewer_layers_same_layer_data(make_model: MakeModel) -> None:
     full, short = make_model("tiny", "q8_0"), make_model("tiny", "q8_0", n_layer=2)
     fi, si = read(full), read(short)
-    assert si.hparam("block_count") == 2 and len(si.tensors) == 3 + 2 * 9
+    # the same tensors, in the same order, less those of the layers cut off
+    kept = [t.name for t in GGUFReader(full).tensors
+            if (m := re.match(r"blk\.(\d+)\.", t.name)) is None or int(m[1]) < 2]
+    assert si.hparam("block_count") == 2 and [t.name for t in si.tensors] == kept
+    assert len(kept) < len(fi.tensors)
     t_full, t_short = fi.tensor("blk.1.ffn_up.weight"), si.tensor("blk.1.ffn_up.weight")
     raw_full = full.read_bytes()[fi.data_offset + t_full.offset:][: t_full.nbytes]
     raw_short = short.read_bytes()[si.data_offset + t_short.offset:][: t_short.nbytes]
     assert raw_full == raw_short
+    # every tensor both files have holds the same bytes (gguf-py's view of each file's data)
+    full_data = {t.name: t.data.tobytes() for t in GGUFReader(full).tensors}
+    assert all(t.data.tobytes() == full_data[t.name] for t in GGUFReader(short).tensors)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [({"preset": "gpt5"}, "tiny, llama3-8b"),
@@ -299,15 +322,18 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_cli(tmp_path: Path) -> None:
+    import llama_cpp
+
     out = tmp_path / "cli.gguf"
     proc = subprocess.run([sys.executable, "-m", "oallama", "synth", "--preset", "tiny", "--type", "q4_0",
                            "-o", str(out), "--seed", "3", "--layers", "2"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert f"wrote {out}" in proc.stdout and "21 tensors" in proc.stdout
-    assert "synth: tensor 21/21" in proc.stderr  # progress
+    n = len(GGUFReader(out).tensors)
+    assert f"wrote {out}" in proc.stdout and f"{n} tensors" in proc.stdout
+    assert f"synth: tensor {n}/{n}" in proc.stderr  # progress
     info = read(out)
-    assert info.metadata["oallama.synthetic.seed"] == 3
-    assert info.metadata["general.file_type"] == 2
+    assert info.metadata["oallama.synthetic.seed"] == 3 and info.hparam("block_count") == 2
+    assert info.metadata["general.file_type"] == _llama_ftype(llama_cpp, "q4_0")
 
 
 def test_cli_rejects_unknown_preset(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

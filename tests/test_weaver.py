@@ -51,6 +51,17 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> 
     return out
 
 
+def ref_attention_fast(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """ref_attention vectorised for the stress tests (f64; each KV head repeated for its query
+    heads), written apart from the receiver's decode_attention and checked against ref_attention."""
+    group = q.shape[0] // k.shape[1]
+    kh = np.repeat(k.astype(np.float64), group, axis=1)           # [L, H, D]
+    vh = np.repeat(v.astype(np.float64), group, axis=1)
+    s = np.einsum("hd,lhd->hl", q.astype(np.float64), kh) * scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return np.einsum("hl,lhd->hd", p / p.sum(axis=1, keepdims=True), vh)
+
+
 def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
     """What the receiver sees of f32 values sent in ``dtype``."""
     return from_storage(to_storage(x, dtype), dtype)
@@ -87,6 +98,10 @@ def test_layout_and_checksum() -> None:
         x = (x * 0x94D049BB133111EB) & mask
         return x ^ (x >> 31)
 
+    # mix is splitmix64's output function: seeded with 0, splitmix64's first three outputs (Vigna's
+    # splitmix64.c) are mix(k * 0x9E3779B97F4A7C15) for k = 1, 2, 3
+    assert [mix(k * 0x9E3779B97F4A7C15 & mask) for k in (1, 2, 3)] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
     words = [int.from_bytes(data[i:i + 4], "little") for i in range(0, 16, 4)]
     assert _weaver.checksum(data) == sum(mix((i << 32) | w) for i, w in enumerate(words)) & mask
     with pytest.raises(ValueError):
@@ -101,7 +116,9 @@ def test_decode_attention_matches_reference(n_head: int, n_kv: int, hd: int) -> 
     q, k, v = rand(rng, n_head, hd), rand(rng, 37, n_kv, hd), rand(rng, 37, n_kv, hd)
     out = decode_attention(q, k, v, 1 / math.sqrt(hd))
     assert out.dtype == np.float32 and out.shape == (n_head, hd)
-    np.testing.assert_allclose(out, ref_attention(q, k, v, 1 / math.sqrt(hd)), rtol=1e-5, atol=1e-5)
+    ref = ref_attention(q, k, v, 1 / math.sqrt(hd))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ref_attention_fast(q, k, v, 1 / math.sqrt(hd)), ref, rtol=1e-12, atol=1e-12)
 
 
 # ---- one sender, one receiver -------------------------------------------------------------------
@@ -376,7 +393,7 @@ def _sender_thread(tx: Sender, sender: int, seqs: list[int], n_tokens: int, wind
             hk, hv = hist[s]
             hk.append(rounded(k, dtype))
             hv.append(rounded(v, dtype))
-            expected = decode_attention(rounded(q, dtype), np.stack(hk), np.stack(hv), c.scale)
+            expected = ref_attention_fast(rounded(q, dtype), np.stack(hk), np.stack(hv), c.scale)
             tag = (sender << 32) | (s << 16) | pos
             inflight.append((tx.post(s, pos, q, k, v, tag=tag, timeout=20.0), s, expected))
             if len(inflight) >= window:
@@ -431,7 +448,14 @@ def test_stress_threads_no_task_lost_duplicated_or_torn() -> None:
 _SENDER_PROCESS = r"""
 import json, sys
 import numpy as np
-from oallama.weaver.host import Sender, decode_attention, from_storage, to_storage
+from oallama.weaver.host import Sender, from_storage, to_storage
+
+def ref(q, k, v, scale):  # f64 attention, apart from the receiver's decode_attention
+    g = q.shape[0] // k.shape[1]
+    kh, vh = np.repeat(k.astype(np.float64), g, axis=1), np.repeat(v.astype(np.float64), g, axis=1)
+    s = np.einsum("hd,lhd->hl", q.astype(np.float64), kh) * scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return np.einsum("hl,lhd->hd", p / p.sum(axis=1, keepdims=True), vh)
 
 name, sender, seq0, n_seqs, n_tokens = sys.argv[1], *map(int, sys.argv[2:6])
 tx = Sender(name)
@@ -445,7 +469,7 @@ for pos in range(n_tokens):
     for s in hist:
         q, k, v = r(c.n_head, c.head_dim), r(c.n_head_kv, c.head_dim), r(c.n_head_kv, c.head_dim)
         hist[s][0].append(rd(k)); hist[s][1].append(rd(v))
-        exp = decode_attention(rd(q), np.stack(hist[s][0]), np.stack(hist[s][1]), c.scale)
+        exp = ref(rd(q), np.stack(hist[s][0]), np.stack(hist[s][1]), c.scale)
         inflight.append((tx.post(s, pos, q, k, v, tag=(sender << 32) | (s << 16) | pos, timeout=20), exp))
         if len(inflight) >= 4:
             t, e = inflight.pop(0)

@@ -1,7 +1,13 @@
-"""Type stub of oallama._core, the pybind11 module built from csrc/ (see csrc/oallama.h).
+"""Type stub of oallama._core, the pybind11 module built from csrc/ (see csrc/oallama.h and the
+header comment of csrc/bindings.cpp).
 
-Native handles cross as integer addresses (llama_model*, llama_context*, ggml_backend_dev_t);
-C++ errors arrive as RuntimeError and the Python wrappers re-raise oallama.errors types.
+Native handles cross as typed objects, never as integer addresses: `Session` owns a metadata-only
+model + context; `Context` / `Model` borrow a llama_context / llama_model from the object that
+owns it (a Session, or llama-cpp-python's `Llama._ctx` / `Llama._model`), keep that owner alive and
+raise oallama.errors.ClosedError once it has been closed. Results are read-only classes (no
+constructor, no setter). The only integers handed out are `device_address` and
+`buffer_type_address`, for llama-cpp-python's ctypes `llama_model_params`. Other C++ errors arrive
+as RuntimeError and the Python wrappers re-raise oallama.errors types.
 """
 
 from collections.abc import Mapping, Sequence
@@ -15,19 +21,177 @@ have_cuda: bool  # built with OALLAMA_CUDA=ON
 
 def backend_init() -> None: ...
 
+# --- result structs (read-only; fields as in csrc/oallama.h) -----------------------------------
+class Device:
+    """oallama_device_info: a device ggml knows in this process."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ggml_name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def kind(self) -> str:
+        """cpu | gpu | igpu | accel | rpc | other"""
+    @property
+    def buffer_type(self) -> str: ...
+    @property
+    def memory_free(self) -> int:
+        """bytes; 0 when not queried"""
+    @property
+    def memory_total(self) -> int:
+        """bytes; 0 when not queried"""
+
+class TensorInfo:
+    """oallama_tensor_info: a weight of a loaded model and where it lives."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str:
+        """ggml type name"""
+    @property
+    def ne(self) -> tuple[int, int, int, int]:
+        """elements per dimension"""
+    @property
+    def nbytes(self) -> int:
+        """bytes"""
+    @property
+    def buffer_type(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def is_host(self) -> bool: ...
+
+class GraphTensor:
+    """oallama_graph_tensor: a node or leaf of a scheduled graph."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def type(self) -> str:
+        """ggml type name"""
+    @property
+    def ne(self) -> tuple[int, int, int, int]: ...
+    @property
+    def nbytes(self) -> int:
+        """bytes"""
+    @property
+    def srcs(self) -> tuple[int, ...]:
+        """node index i >= 0, or leaf -1-j"""
+    @property
+    def view_src(self) -> int | None: ...
+    @property
+    def weight(self) -> str: ...
+    @property
+    def weight_slot(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def pinned(self) -> str: ...
+    @property
+    def host_buffer(self) -> bool: ...
+    @property
+    def supported_on(self) -> tuple[str, ...]: ...
+    @property
+    def caller_pinned(self) -> bool: ...
+    @property
+    def is_view(self) -> bool: ...
+    @property
+    def is_input(self) -> bool: ...
+    @property
+    def is_output(self) -> bool: ...
+
+class Graph:
+    """oallama_graph: one ubatch's graph as the context's scheduler splits it."""
+
+    @property
+    def backends(self) -> list[str]:
+        """by priority, the CPU last"""
+    @property
+    def nodes(self) -> list[GraphTensor]: ...
+    @property
+    def leafs(self) -> list[GraphTensor]: ...
+    @property
+    def n_splits(self) -> int: ...
+    @property
+    def n_copies(self) -> int: ...
+
+class MemoryUse:
+    """oallama_memory_use: llama.cpp's memory use of a context in one buffer type (bytes)."""
+
+    @property
+    def buffer_type(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def model(self) -> int: ...
+    @property
+    def context(self) -> int: ...
+    @property
+    def compute(self) -> int: ...
+
+class Timing:
+    """oallama_timing: one measurement."""
+
+    @property
+    def samples_us(self) -> list[float]:
+        """us, one per repeat, after warm-up"""
+    @property
+    def buffer_type(self) -> str: ...
+
+class FitResult:
+    """oallama_fit_result: llama.cpp's automatic fit."""
+
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def n_gpu_layers(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def overrides(self) -> list[tuple[str, str]]:
+        """[(regex, device name)]"""
+
+# --- handles ---------------------------------------------------------------------------------
+class Context:
+    """A llama_context borrowed from its owner: Context(llm._ctx) (a llama_cpp._internals.LlamaContext;
+    anything else is a TypeError) or Session.context()."""
+
+    def __init__(self, owner: Any) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def owner(self) -> Any: ...
+
+class Model:
+    """A llama_model borrowed from its owner: Model(llm._model) (a llama_cpp._internals.LlamaModel)
+    or Session.model()."""
+
+    def __init__(self, owner: Any) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def owner(self) -> Any: ...
+
 # --- devices (devices.cpp) ------------------------------------------------------------------
-def devices_list(query_rpc_memory: bool = False) -> list[dict[str, Any]]:
-    """name, ggml_name, description, backend, kind, buffer_type, memory_free, memory_total (bytes)"""
+def devices_list(query_rpc_memory: bool = False) -> list[Device]: ...
 def device_memory(name: str) -> tuple[int, int]: ...
-def device_address(name: str) -> int: ...
+def device_address(name: str) -> int:
+    """ggml_backend_dev_t for ctypes (llama_model_params.devices)."""
+def buffer_type_address(name: str) -> int:
+    """ggml_backend_buffer_type_t for ctypes (llama_model_params.tensor_buft_overrides)."""
 def device_name(name: str) -> str: ...
-def buffer_type_address(name: str) -> int: ...
 def rpc_add_server(endpoint: str) -> list[str]:
     """Register a reachable rpc-server (probe it first: ggml-rpc aborts on refusal)."""
 
 # --- model (model.cpp) -----------------------------------------------------------------------
-def model_tensors(model: int) -> list[dict[str, Any]]:
-    """name, type, shape (4 ints), nbytes, buffer_type, device, is_host of every weight."""
+def model_tensors(model: Model) -> list[TensorInfo]: ...
 def arch_is_supported(arch: str) -> bool: ...
 
 # --- graphs and the scheduler (graph.cpp) -----------------------------------------------------
@@ -39,30 +203,26 @@ class Session:
                  n_batch: int = 512, n_ubatch: int = 512, n_threads: int = 4, flash_attn: bool = False,
                  op_offload: bool = True, verbose: bool = False) -> None: ...
     def close(self) -> None: ...
-    def context(self) -> int: ...
-    def model(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def context(self) -> Context: ...
+    def model(self) -> Model: ...
 
-def graph(context: int, n_tokens: int, n_outputs: int = 1) -> dict[str, Any]:
-    """backends, nodes, leafs (dicts: name, op, type, ne, nbytes, srcs, view_src, weight,
-    weight_slot, backend, pinned, host_buffer, supported_on, caller_pinned, is_view, is_input,
-    is_output), n_splits, n_copies."""
-def memory(context: int) -> list[dict[str, Any]]:
-    """buffer_type, device, model, context, compute (bytes) per buffer type."""
-def set_offload_policy(context: int, min_batch: Mapping[str, int]) -> None: ...
-def get_offload_policy(context: int) -> dict[str, int]: ...
+def graph(context: Context, n_tokens: int, n_outputs: int = 1) -> Graph: ...
+def memory(context: Context) -> list[MemoryUse]: ...
+def set_offload_policy(context: Context, min_batch: Mapping[str, int]) -> None: ...
+def get_offload_policy(context: Context) -> dict[str, int]: ...
 
 # --- profiling (profile.cpp) -----------------------------------------------------------------
 def profile_mul_mat(device: str, type: str, k: int, m: int, ns: Sequence[int], n_threads: int, warmup: int = 2,
-                    repeats: int = 5, use_extra_bufts: bool = True) -> list[dict[str, Any]]:
-    """One dict per n: samples_us (list of us), buffer_type."""
-def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2,
-                 repeats: int = 5) -> dict[str, Any]: ...
-def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5) -> dict[str, Any]: ...
+                    repeats: int = 5, use_extra_bufts: bool = True) -> list[Timing]:
+    """One Timing per n in ns."""
+def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2, repeats: int = 5) -> Timing: ...
+def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5) -> Timing: ...
 
 # --- llama.cpp's automatic fit (fit.cpp; absent when built with OALLAMA_TOOLS=OFF) ---------
 def fit_params(path: str, devices: Sequence[str], margins: Sequence[int], n_ctx: int, n_batch: int = 512,
-               n_ubatch: int = 512, flash_attn: bool = False) -> dict[str, Any]:
-    """fits, n_gpu_layers, n_ctx, overrides [(regex, device)]."""
+               n_ubatch: int = 512, flash_attn: bool = False) -> FitResult: ...
 
 # --- quantization (quant.cpp, bindings.cpp) ---------------------------------------------------
 def quant_compute_types(hparams: dict[str, Any], names: Sequence[str], shapes: Sequence[Sequence[int]],

@@ -24,6 +24,7 @@ _COMMAND_MODULES = [
     "oallama.cluster.probe",
     "oallama.cluster.distribute",
     "oallama.collective.tp.decoder",
+    "oallama.serve.cli",
 ]
 
 

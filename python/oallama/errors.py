@@ -39,6 +39,10 @@ class RpcServerError(OallamaError, RuntimeError):
     """An rpc-server that cannot be started or reached, or that died."""
 
 
+class ClosedError(OallamaError, RuntimeError):
+    """A native handle (model, context, session) used after its owner freed it, e.g. a closed Llama."""
+
+
 class BuildConfigError(OallamaError, RuntimeError):
     """A feature the native build does not have (e.g. CUDA requested, built without it)."""
 

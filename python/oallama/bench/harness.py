@@ -46,6 +46,7 @@ from typing import Any
 from .._files import write_json
 from ..errors import BudgetError, PlanError
 from ..model import gguf_file
+from ..options import add_arguments, format_default, from_args, option
 from ..planner.plan import BASELINES, STRATEGIES, parse_budget
 from ..runtime import devices as devmod
 
@@ -74,15 +75,15 @@ def _log(msg: str) -> None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Settings every configuration of a run shares (recorded with every figure)."""
+    """Settings every configuration of a run shares (recorded with every figure; from BenchOptions)."""
 
     threads: int  # CPU threads for prompt and generation (n_threads = n_threads_batch)
-    n_batch: int = 512  # tokens per llama_decode call
-    n_ubatch: int = 512  # tokens per graph (physical batch); the planner plans for it
-    flash_attn: bool = False
-    mmap: bool = True
-    reps: int = 5  # timed repetitions per configuration
-    warmup: int = 1  # discarded runs before them
+    n_batch: int  # tokens per llama_decode call
+    n_ubatch: int  # tokens per graph (physical batch); the planner plans for it
+    flash_attn: bool
+    mmap: bool
+    reps: int  # timed repetitions per configuration
+    warmup: int  # discarded runs before them
 
 
 @dataclass(frozen=True)
@@ -119,32 +120,45 @@ class Config:
         return f"{self.model_name} {self.series} @{self.budget} prompt {self.prompt} gen {self.gen}"
 
 
+def default_results_dir() -> Path:
+    """bench/results/<date>-<machine>: where a run writes unless told (-o)."""
+    return Path("bench/results") / f"{time.strftime('%Y-%m-%d')}-{platform.node()}"
+
+
 @dataclass
 class BenchOptions:
-    """Everything `oallama bench` takes (see `register` for the command line)."""
+    """Everything `oallama bench` takes; its flags are generated from these fields (`options`)."""
 
-    models: list[Path]
-    out: Path
-    budgets: list[str] = field(default_factory=lambda: ["25%", "50%", "75%"])
-    strategies: list[str] = field(default_factory=lambda: list(ALL_STRATEGIES))
-    prompts: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512])
-    gens: list[int] = field(default_factory=lambda: [32, 64, 128])
-    grid: str = "full"  # full: every prompt x gen; sweep: prompts at the anchor gen + gens at the anchor prompt
-    anchor: tuple[int, int] | None = None  # (prompt, gen) of the sweep; default 64/32 when listed
-    threads: int | None = None  # None: the profiler's default (half the cores)
-    ubatch: int = 512
-    flash_attn: bool = False
-    mmap: bool = True
-    reps: int = 5
-    warmup: int = 1
-    op_offload: str = "on"  # on | off | both (both: layers and fit also without op offload)
-    device: str | None = None  # accelerator; None: the first GPU, else --rpc-local
-    rpc_local: bool = False  # start a loopback rpc-server when there is no GPU
-    rpc_threads: int = 1
-    max_minutes: float | None = None  # stop launching (and stop a worker) before this many minutes
-    config_timeout_s: float = 1800.0  # a worker running longer is killed and recorded as failed
-    progress: bool = True
-    plots: bool = True
+    models: list[Path] = option(positional=True, metavar="model", help="GGUF model file(s)")
+    out: Path = option(flag="--output", short="-o", default_factory=default_results_dir,
+                       default_help="bench/results/<date>-<machine>", help="results directory")
+    budgets: list[str] = option(["25%", "50%", "75%"], flag="--gpu-budget",
+                                help="comma-separated budgets: shares of the weights ('50%') or bytes ('12GiB')")
+    strategies: list[str] = option(list(ALL_STRATEGIES), help=f"comma-separated, from {','.join(ALL_STRATEGIES)}")
+    prompts: list[int] = option([32, 64, 128, 256, 512], flag="--prompt", help="prompt lengths (tokens)")
+    gens: list[int] = option([32, 64, 128], flag="--gen", help="generation lengths (tokens)")
+    grid: str = option("full", choices=GRIDS, help="full: every prompt x gen; sweep: prompts at the anchor gen and "
+                       "gens at the anchor prompt (the paper's figures)")
+    anchor: tuple[int, int] | None = option(None, metavar="PROMPT,GEN", help="(prompt, gen) the sweep grid is "
+                                            "centred on", default_help=f"{format_default(PAPER_ANCHOR)} where listed")
+    reps: int = option(5, help="timed repetitions per configuration")
+    warmup: int = option(1, help="discarded runs before them")
+    threads: int | None = option(None, help="CPU threads", default_help="half the cores")
+    ubatch: int = option(512, help="n_batch = n_ubatch (tokens)")
+    flash_attn: bool = option(False, help="load with flash attention (predictions assume it off)")
+    mmap: bool = option(True, help="load with mmap")
+    op_offload: str = option("on", choices=OP_OFFLOAD_MODES,
+                             help="llama.cpp's op offload; both: layers and fit also run with it off")
+    device: str | None = option(None, help="the accelerator", default_help="the first GPU")
+    rpc_local: bool = option(False, help="without a GPU, start a loopback rpc-server as the accelerator (proves "
+                             "the harness only)")
+    rpc_threads: int = option(1, help="threads of that rpc-server")
+    max_minutes: float | None = option(None, help="stop launching (and stop a worker) before this many minutes; "
+                                       "rerun to resume")
+    config_timeout_s: float = option(1800.0, flag="--config-timeout", help="seconds one configuration may take "
+                                     "(a worker running longer is killed and recorded as failed)")
+    plots: bool = option(True, help="write PNG plots")
+    progress: bool = option(True, off="--quiet", help="show progress on stderr")
 
     def check(self) -> None:
         """Raise PlanError / BudgetError for bad input, before anything runs."""
@@ -457,6 +471,13 @@ def _config_doc(c: Config) -> dict[str, Any]:
     return d
 
 
+def _winner(p: Any) -> str:
+    """The strategy whose placement a plan carries: optimal keeps a baseline's when the solver
+    found nothing that fits and is predicted faster (plan.extra["winner"])."""
+    w = p.extra.get("winner")
+    return str(w) if w in ALL_STRATEGIES else str(p.strategy)
+
+
 def _plan_doc(p: Any) -> dict[str, Any]:
     from ..planner.schedmodel import NEVER
 
@@ -465,7 +486,7 @@ def _plan_doc(p: Any) -> dict[str, Any]:
             "load": p.load_mode, "kv_layers": p.placement.kv_layers, "plan_seconds": p.plan_s,
             "weights_on_acc": len(p.placement.on_acc),
             "streamed_weights": sum(b < NEVER for b in p.offload_policy().values()),
-            "from": p.extra.get("from", p.strategy), "model_weight_bytes": int(p.model["weight_bytes"]),
+            "from": _winner(p), "model_weight_bytes": int(p.model["weight_bytes"]),
             "model_n_layer": int(p.model["n_layer"]), "model_architecture": p.model.get("architecture", "")}
 
 
@@ -521,39 +542,10 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
 # --- CLI ---------------------------------------------------------------------------------------
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PlanError(f"{what} '{text}': expected comma-separated token counts, e.g. 32,64,128") from None
-    if not vals:
-        raise PlanError(f"{what} '{text}': expected comma-separated token counts, e.g. 32,64,128")
-    return vals
-
-
-def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    anchor = None
-    if args.anchor:
-        a = _int_list(args.anchor, "--anchor")
-        if len(a) != 2:
-            raise PlanError(f"--anchor '{args.anchor}': expected PROMPT,GEN")
-        anchor = (a[0], a[1])
-    out = Path(args.output) if args.output else Path("bench/results") / f"{time.strftime('%Y-%m-%d')}-{platform.node()}"
-    return BenchOptions(
-        models=[Path(m) for m in args.model], out=out,
-        budgets=[b.strip() for b in args.gpu_budget.split(",") if b.strip()],
-        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
-        prompts=_int_list(args.prompt, "--prompt"), gens=_int_list(args.gen, "--gen"), grid=args.grid,
-        anchor=anchor, threads=args.threads, ubatch=args.ubatch, flash_attn=args.flash_attn, mmap=not args.no_mmap,
-        reps=args.reps, warmup=args.warmup, op_offload=args.op_offload, device=args.device,
-        rpc_local=args.rpc_local, rpc_threads=args.rpc_threads, max_minutes=args.max_minutes,
-        config_timeout_s=args.config_timeout, progress=not args.quiet, plots=not args.no_plots)
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     import signal
 
-    opts = options_from_args(args)
+    opts = from_args(BenchOptions, args)
 
     def _term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # `timeout`/kill: stop the worker and the rpc-server, keep results
@@ -591,35 +583,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="TTFT/TPOT of placement strategies on the same accelerator budget",
                        description="Benchmark placements: every configuration in a fresh process, resumable.")
-    p.add_argument("model", nargs="+", help="GGUF model file(s)")
-    p.add_argument("--gpu-budget", default="25%,50%,75%",
-                   help="comma-separated budgets: shares of the weights ('50%%') or bytes ('12GiB')")
-    p.add_argument("--strategies", default=",".join(ALL_STRATEGIES),
-                   help=f"comma-separated, from {','.join(ALL_STRATEGIES)}")
-    p.add_argument("--prompt", default="32,64,128,256,512", help="prompt lengths (tokens)")
-    p.add_argument("--gen", default="32,64,128", help="generation lengths (tokens)")
-    p.add_argument("--grid", choices=GRIDS, default="full",
-                   help="full: every prompt x gen; sweep: prompts at the anchor gen and gens at the anchor "
-                        "prompt (the paper's figures)")
-    p.add_argument("--anchor", help="PROMPT,GEN the sweep grid is centred on (default 64,32 where listed)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions per configuration")
-    p.add_argument("--warmup", type=int, default=1, help="discarded runs before them")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: half the cores)")
-    p.add_argument("--ubatch", type=int, default=512, help="n_batch = n_ubatch (tokens)")
-    p.add_argument("--flash-attn", action="store_true", help="load with flash attention (predictions assume off)")
-    p.add_argument("--no-mmap", action="store_true", help="load without mmap")
-    p.add_argument("--op-offload", choices=OP_OFFLOAD_MODES, default="on",
-                   help="llama.cpp's op offload; both: layers and fit also run with it off")
-    p.add_argument("--device", help="the accelerator (default: the first GPU)")
-    p.add_argument("--rpc-local", action="store_true",
-                   help="without a GPU, start a loopback rpc-server as the accelerator (proves the harness only)")
-    p.add_argument("--rpc-threads", type=int, default=1)
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop cleanly before this many minutes (rerun to resume)")
-    p.add_argument("--config-timeout", type=float, default=1800.0, help="seconds one configuration may take")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("-o", "--output", help="results directory (default bench/results/<date>-<machine>)")
+    add_arguments(p, BenchOptions)
     p.set_defaults(func=_cmd_bench)
 
     r = sub.add_parser("bench-report", help="regenerate bench results (JSON/CSV/Markdown/PNG) and the README table")

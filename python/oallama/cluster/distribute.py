@@ -15,12 +15,10 @@ import numpy as np
 
 from ..errors import PlanError
 from ..model import gguf_file
+from ..options import add_arguments, from_args, group, option
 from ..runtime import planfile
 from .problem import (
     CLIENT,
-    FORMULATIONS,
-    METHODS,
-    OBJECTIVES,
     PLAN_SCHEMA,
     Block,
     Cluster,
@@ -40,6 +38,8 @@ from .problem import (
     violation,
 )
 from .solver import Solution, solve
+
+STRATEGIES = ("milp", "memory", "equal")  # the MILP, or a baseline split (see problem.baseline)
 
 # --- the plan --------------------------------------------------------------------------------
 
@@ -308,33 +308,47 @@ def load(plan_or_path: DistPlan | str | Path, model_path: str | Path | None = No
 # --- CLI ------------------------------------------------------------------------------------
 
 
-def _options(args: argparse.Namespace) -> DistOptions:
-    return DistOptions(beta=args.beta, contiguous=args.contiguous, w_c=args.w_c, w_q1=args.w_q1, w_q2=args.w_q2,
-                       w_q3=args.w_q3, protocol_efficiency=args.ep, tcp_initial_window=args.tcp_iw,
-                       objective=args.objective, method=args.method, formulation=args.formulation,
-                       n_prompt=args.n_prompt, n_gen=args.n_gen, n_ctx=args.ctx, time_limit_s=args.time_limit)
+@dataclass
+class DistributeOptions:
+    """Everything `oallama distribute` takes: the model, the devices, the assignment's parameters
+    (`DistOptions`) and what to do with the plan. Its flags are generated from these fields."""
+
+    model: Path = option(positional=True, help="GGUF model file")
+    devices: Path = option(help="devices file written by `oallama probe`")
+    output: Path | None = option(None, short="-o", help="write the plan here (loadable by Llama(..., "
+                                 "placement=FILE))")
+    strategy: str = option("milp", choices=STRATEGIES, help="milp, or a baseline: llama.cpp's memory-proportional "
+                           "split (memory), equal split (equal)")
+    options: DistOptions = group(DistOptions)
+    emit: bool = option(False, help="print the equivalent stock llama.cpp command")
+    emit_binary: str = option("llama-server", help="binary named by --emit")
+    run: bool = option(False, help="load the plan and generate, timing TTFT/TPOT")
+    prompt: str = option("The quick brown fox jumps over the lazy dog", short="-p", help="prompt of --run")
+    threads: int | None = option(None, help="client threads", default_help="llama-cpp-python's")
+    verbose: bool = option(False, help="show llama.cpp's log")
 
 
 def _cmd_distribute(args: argparse.Namespace) -> int:
-    cluster = read_devices(args.devices)
-    opts = _options(args)
-    print(f"planning {Path(args.model).name} on {len(cluster.devices)} devices from {args.devices} ...",
+    a = from_args(DistributeOptions, args)
+    cluster = read_devices(a.devices)
+    opts = a.options
+    print(f"planning {Path(a.model).name} on {len(cluster.devices)} devices from {a.devices} ...",
           file=sys.stderr)
-    result = plan_model(args.model, cluster, opts, strategy=args.strategy)
+    result = plan_model(a.model, cluster, opts, strategy=a.strategy)
     print(result.summary())
-    if args.output:
-        result.write(args.output)
-        print(f"wrote {args.output}  (oallama run {args.model} --placement {args.output}; "
-              f"or oallama.cluster.load('{args.output}'))", file=sys.stderr)
-    if args.emit:
-        print(shlex.join(result.emit(args.emit_binary)))
-    if args.run:
+    if a.output:
+        result.write(a.output)
+        print(f"wrote {a.output}  (oallama run {a.model} --placement {a.output}; "
+              f"or oallama.cluster.load('{a.output}'))", file=sys.stderr)
+    if a.emit:
+        print(shlex.join(result.emit(a.emit_binary)))
+    if a.run:
         from ..runtime.generate import placement_table, timed_generate
 
-        llm = load(result, n_ctx=max(args.ctx, args.n_prompt + args.n_gen + 8), n_threads=args.threads,
-                   n_threads_batch=args.threads, verbose=args.verbose)
+        llm = load(result, n_ctx=max(opts.n_ctx, opts.n_prompt + opts.n_gen + 8), n_threads=a.threads,
+                   n_threads_batch=a.threads, verbose=a.verbose)
         print(placement_table(llm.tensor_placements(), [CLIENT, *result.pipeline_devices()]))
-        gen = timed_generate(llm, args.prompt, args.n_gen)
+        gen = timed_generate(llm, a.prompt, opts.n_gen)
         pred = result.predicted()
         print(f"measured TTFT {gen.ttft_s * 1e3:.1f} ms ({gen.prompt_tokens} tokens), TPOT {gen.tpot_s * 1e3:.2f} ms;"
               f" predicted TTFT {pred.ttft_s * 1e3:.1f} ms ({opts.n_prompt} tokens), TPOT {pred.tpot_s * 1e3:.2f} ms")
@@ -345,34 +359,5 @@ def _cmd_distribute(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distribute", help="assign a model's blocks to rpc-server devices (MILP, patent seed 004)")
-    p.add_argument("model")
-    p.add_argument("--devices", required=True, help="devices file written by `oallama probe`")
-    p.add_argument("-o", "--output", help="write the plan here (loadable by Llama(..., placement=FILE))")
-    p.add_argument("--strategy", default="milp", choices=["milp", "memory", "equal"],
-                   help="milp (default), or a baseline: llama.cpp's memory-proportional split, equal split")
-    p.add_argument("--beta", type=float, default=0.9, help="share of each device's free memory to use (0.9)")
-    p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
-                   help="each device holds one range of blocks (default; needed for KV beside weights)")
-    p.add_argument("--objective", default="e2e", choices=OBJECTIVES, help="what to minimise (default e2e)")
-    p.add_argument("--n-prompt", type=int, default=64, help="prompt tokens of a request (64)")
-    p.add_argument("--n-gen", type=int, default=32, help="generated tokens of a request (32)")
-    p.add_argument("--ctx", type=int, default=2048, help="context the KV cache is sized for (2048)")
-    p.add_argument("--w-c", type=float, default=1.0, help="complexity weight: ms per device used (1)")
-    p.add_argument("--w-q1", type=float, default=10.0, help="QoS weight of jitter (10)")
-    p.add_argument("--w-q2", type=float, default=1.0, help="QoS weight of transfer time x loss (1)")
-    p.add_argument("--w-q3", type=float, default=10000.0, help="QoS weight of loss^2, ms (10000)")
-    p.add_argument("--ep", type=float, default=1.0,
-                   help="protocol efficiency E_p (1 for measured goodput; the patent's 0.3 for nominal rates)")
-    p.add_argument("--tcp-iw", type=int, default=10,
-                   help="TCP initial window (segments) for the slow-start term of t; 0: the patent's t (10)")
-    p.add_argument("--method", default="auto", choices=METHODS,
-                   help="auto (DP for contiguous, else HiGHS), milp (HiGHS), dp")
-    p.add_argument("--formulation", default="segments", choices=FORMULATIONS, help="of the MILP (segments)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
-    p.add_argument("--emit", action="store_true", help="print the equivalent stock llama.cpp command")
-    p.add_argument("--emit-binary", default="llama-server", help="binary named by --emit (llama-server)")
-    p.add_argument("--run", action="store_true", help="load the plan and generate, timing TTFT/TPOT")
-    p.add_argument("-p", "--prompt", default="The quick brown fox jumps over the lazy dog")
-    p.add_argument("--threads", type=int, default=None, help="client threads")
-    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    add_arguments(p, DistributeOptions)
     p.set_defaults(func=_cmd_distribute)

@@ -40,7 +40,7 @@ import struct
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProfileError, RpcServerError
+from ..options import add_arguments, from_args, option
 from ..runtime import devices as devmod
 from .problem import DEVICES_SCHEMA
 
@@ -457,7 +458,7 @@ def measure_client(opts: ProbeOptions) -> dict[str, Any]:
     k, m = opts.matmul_k, opts.matmul_m
     ns = sorted(opts.tokens)
     res = _core.profile_mul_mat("CPU", "q8_0", k, m, ns, threads, 2, 5)
-    flops = {str(n): 2.0 * k * m * n / (statistics.median(r["samples_us"]) / 1e6) for n, r in zip(ns, res, strict=True)}
+    flops = {str(n): 2.0 * k * m * n / (statistics.median(r.samples_us) / 1e6) for n, r in zip(ns, res, strict=True)}
     return {"name": "CPU", "threads": threads, "flops": flops, "description": platform.processor() or platform.machine()}
 
 
@@ -520,20 +521,43 @@ def probe(endpoints: Sequence[str], opts: ProbeOptions | None = None, *, client:
 # --- CLI ------------------------------------------------------------------------------------
 
 
+_DEFAULT = ProbeOptions()  # the command's defaults are the probe's
+
+
+@dataclass
+class ProbeCommand:
+    """Everything `oallama probe` takes (its flags are generated from these fields)."""
+
+    endpoints: list[str] = option(positional=True, metavar="HOST:PORT", help="rpc-servers; the first is device 0")
+    output: Path | None = option(None, short="-o", help="devices file to write", default_help="stdout")
+    payload_mib: float = option(_DEFAULT.payload_bytes / MIB, help="fixed payload size, MiB")
+    samples: int = option(_DEFAULT.samples, help="payloads each way")
+    rtt_samples: int = option(_DEFAULT.rtt_samples, help="1-byte round trips")
+    matmul_size: int = option(_DEFAULT.matmul_k, help="q8_0 weight of the compute probe, N x N")
+    tokens: list[int] = option(list(_DEFAULT.tokens), help="activation columns to time")
+    client_threads: int | None = option(_DEFAULT.client_threads, help="threads of the client CPU probe",
+                                        default_help="llama-cpp's")
+    client: bool = option(True, help="probe the client CPU too (--no-client: skip it)")
+    timeout: float = option(_DEFAULT.timeout_s, help="per network operation, s")
+
+    def probe_options(self) -> ProbeOptions:
+        return replace(_DEFAULT, payload_bytes=int(self.payload_mib * MIB), samples=self.samples,
+                       rtt_samples=self.rtt_samples, matmul_k=self.matmul_size, matmul_m=self.matmul_size,
+                       tokens=tuple(sorted(set(self.tokens))), client_threads=self.client_threads,
+                       timeout_s=self.timeout)
+
+
 def _cmd_probe(args: argparse.Namespace) -> int:
-    tokens = tuple(sorted({int(t) for t in args.tokens.split(",")}))
-    opts = ProbeOptions(payload_bytes=int(args.payload_mib * MIB), samples=args.samples, rtt_samples=args.rtt_samples,
-                        matmul_k=args.matmul_size, matmul_m=args.matmul_size, tokens=tokens,
-                        client_threads=args.client_threads, timeout_s=args.timeout)
+    c = from_args(ProbeCommand, args)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    doc = probe(args.endpoints, opts, client=not args.no_client, progress=say)
+    doc = probe(c.endpoints, c.probe_options(), client=c.client, progress=say)
     text = json.dumps(doc, indent=1) + "\n"
-    if args.output:
-        Path(args.output).write_text(text)
-        say(f"wrote {args.output} ({len(doc['devices'])} devices, {doc['elapsed_s']:.1f} s)")
+    if c.output:
+        c.output.write_text(text)
+        say(f"wrote {c.output} ({len(doc['devices'])} devices, {doc['elapsed_s']:.1f} s)")
     else:
         sys.stdout.write(text)
     return 0
@@ -541,14 +565,5 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="measure rpc-server devices and links (devices file for `distribute`)")
-    p.add_argument("endpoints", nargs="+", metavar="HOST:PORT", help="rpc-servers; the first is device 0")
-    p.add_argument("-o", "--output", help="devices file to write (default: stdout)")
-    p.add_argument("--payload-mib", type=float, default=1.0, help="fixed payload size, MiB (1)")
-    p.add_argument("--samples", type=int, default=10, help="payloads each way (10)")
-    p.add_argument("--rtt-samples", type=int, default=30, help="1-byte round trips (30)")
-    p.add_argument("--matmul-size", type=int, default=4096, help="q8_0 weight of the compute probe, N x N (4096)")
-    p.add_argument("--tokens", default="1,64", help="activation columns to time (1,64)")
-    p.add_argument("--client-threads", type=int, default=None, help="threads of the client CPU probe")
-    p.add_argument("--no-client", action="store_true", help="skip the client CPU probe")
-    p.add_argument("--timeout", type=float, default=60.0, help="per network operation, s (60)")
+    add_arguments(p, ProbeCommand)
     p.set_defaults(func=_cmd_probe)

@@ -87,6 +87,7 @@ import numpy as np
 
 from .._files import read_json
 from ..errors import PlanError
+from ..options import option
 from ..runtime import planfile
 
 DEVICES_SCHEMA = "oallama.devices/1"
@@ -254,7 +255,7 @@ def model_cost(path: str | Path, tokens: Sequence[int] = (1, 64), *, n_ctx: int 
     with GraphSession(path, devices=[], n_ctx=max(n_ctx, max(sizes)), n_ubatch=max(sizes)) as s:
         info = s.model
         graphs = {n: s.graph(n) for n in sizes}
-        kv_total = sum(int(m.get("context", 0)) for m in s.memory())
+        kv_total = sum(m.context for m in s.memory())
     n_layer = int(info.hparam("block_count", 0))
     if n_layer <= 0:
         raise PlanError(f"{info.path}: model has no decoder blocks ({info.architecture}.block_count)")
@@ -293,22 +294,29 @@ def model_cost(path: str | Path, tokens: Sequence[int] = (1, 64), *, n_ctx: int 
 
 @dataclass(frozen=True)
 class DistOptions:
-    beta: float = 0.9  # share of a device's free memory the blocks may use (weights + KV cache)
-    contiguous: bool = True  # each device holds one contiguous range of blocks
-    w_c: float = 1.0  # complexity: ms per device taking part
-    w_q1: float = 10.0  # QoS: x jitter (ms) per crossing
-    w_q2: float = 1.0  # QoS: x transfer time (ms) x loss rate per crossing
-    w_q3: float = 10000.0  # QoS: ms per unit loss rate squared, per crossing
-    protocol_efficiency: float = 1.0  # E_p: 1 for measured goodput, 0.3 (patent) for nominal rates
-    tcp_initial_window: int = 10  # segments; > 0 adds TCP slow start to t (see transfer_s); 0: the patent's t
-    objective: str = "e2e"  # "e2e": prefill + (n_gen - 1) decodes; "prefill"; "decode"
-    n_prompt: int = 64  # tokens of the prompt (prefill stage)
-    n_gen: int = 32  # tokens generated
-    n_ctx: int = 2048  # context the KV cache is sized for (memory constraint)
-    method: str = "auto"  # "auto" | "milp" (HiGHS) | "dp" (exact, contiguous only): same optimum
-    formulation: str = "segments"  # of the MILP: "segments" (runs of blocks) or "assignment" (x_ij)
-    time_limit_s: float = 60.0  # HiGHS time limit (s)
-    mip_rel_gap: float = 1e-6
+    """The assignment's parameters; also the flags of `oallama distribute` (see `options`)."""
+
+    beta: float = option(0.9, help="share of each device's free memory the blocks may use (weights + KV cache)")
+    contiguous: bool = option(True, help="each device holds one range of blocks (needed for KV beside weights)")
+    w_c: float = option(1.0, help="complexity weight: ms per device taking part")
+    w_q1: float = option(10.0, help="QoS weight of jitter (ms) per crossing")
+    w_q2: float = option(1.0, help="QoS weight of transfer time (ms) x loss rate per crossing")
+    w_q3: float = option(10000.0, help="QoS weight of loss rate squared, ms per crossing")
+    protocol_efficiency: float = option(1.0, flag="--ep", help="protocol efficiency E_p: 1 for measured goodput, "
+                                        "the patent's 0.3 for nominal rates")
+    tcp_initial_window: int = option(10, flag="--tcp-iw", help="TCP initial window (segments) for the slow-start "
+                                     "term of t (see transfer_s); 0: the patent's t")
+    objective: str = option("e2e", choices=OBJECTIVES, help="what to minimise: e2e = prefill + (n_gen - 1) "
+                            "decodes, or one stage")
+    n_prompt: int = option(64, help="prompt tokens of a request (prefill stage)")
+    n_gen: int = option(32, help="generated tokens of a request")
+    n_ctx: int = option(2048, flag="--ctx", help="context the KV cache is sized for (memory constraint)")
+    method: str = option("auto", choices=METHODS, help="auto (DP for contiguous, else HiGHS), milp (HiGHS), dp "
+                         "(exact, contiguous only): same optimum")
+    formulation: str = option("segments", choices=FORMULATIONS, help="of the MILP: runs of blocks (segments) or "
+                              "x_ij (assignment)")
+    time_limit_s: float = option(60.0, flag="--time-limit", help="solver time limit, s")
+    mip_rel_gap: float = 1e-6  # HiGHS's relative MIP gap
 
     def __post_init__(self) -> None:
         if not 0 < self.beta <= 1:

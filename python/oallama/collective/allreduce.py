@@ -1,4 +1,5 @@
-"""oallama.collective.allreduce: all-reduce across the ranks of several hosts, and the counters to judge it.
+"""oallama.collective.allreduce: all-reduce across the ranks of several hosts (seed 001: the
+communication-tree all-reduce), and the lifetime of a rank's process groups.
 
 Three algorithms behind one API (``Collective.all_reduce``), all over torch.distributed (gloo on
 CPU hosts, NCCL for the inter-host stage on GPU hosts); nothing here opens a socket itself.
@@ -15,16 +16,25 @@ CPU hosts, NCCL for the inter-host stage on GPU hosts); nothing here opens a soc
             (4) LM -> ranks   intra-host: every rank copies the shared result
           On GPU hosts stage 1 is a CUDA kernel reading the peers' buffers over IPC
           (oallama._collective_cuda; see CudaIpcStage).
-``ring``  the transport's own all-reduce (gloo: ring reduce-scatter + all-gather, 2(p-1) steps of
-          n/p floats per rank, rank r sending to r+1).
+``ring``  the transport's own all-reduce (gloo's ring: reduce-scatter + all-gather, rank r sending
+          2(p-1)S segments of ~n/(pS) floats to r-1, S >= 2 segments per rank; see ring_sends).
 ``star``  a parameter server: every rank sends its n floats to rank 0, which sums and sends the
           result back to every rank (2(p-1) messages of n floats, all through rank 0).
 
-Counters (``Counters``) are per rank, for the messages that rank *sends*; summing them over the
-ranks gives the job's totals. Tree and star messages are point-to-point sends made here and are
-counted exactly; the ring's are gloo-internal and are counted from gloo's ring schedule
-(``modelled_msgs`` says how many). The network-namespace benchmark measures the inter-host bytes
-on the wire as well (scripts/netns_hosts.py reads the veth counters).
+Counters (``Counters``, in oallama.collective.topology) are per rank, for the messages that rank
+*sends*; summing them over the ranks gives the job's totals. Tree and star messages are
+point-to-point sends made here and are counted as they are made; the ring's are gloo-internal and
+are taken from gloo's ring schedule (``modelled_msgs`` says how many). Tests check all three
+against the TCP payload the kernel counted on the ranks' sockets (oallama.collective.wire).
+
+Lifetime: gloo runs collectives on its own C++ threads, which drop their references to the
+tensors (and through them to Python objects) when an operation ends. A thread that does so while
+the interpreter is finalizing is killed inside a noexcept destructor by CPython's take_gil, and the
+process aborts ("terminate called without an active exception"). So every process group is
+destroyed, and gloo's threads joined, before finalization: ``Collective.close`` destroys the groups
+it made, ``shutdown`` the rest (``init_from_env`` registers it with atexit).
+
+torch is imported only when a process group is made (``pip install oallama[tp]``).
 
 Processes: ``launch`` starts one process per rank (optionally inside per-host network namespaces)
 and ``init_from_env`` turns such a process into a member of the job.
@@ -32,17 +42,22 @@ and ``init_from_env`` turns such a process into a member of the job.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 import time
+import weakref
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveError
+from .topology import ALGORITHMS, Counters, Topology, expected_counts, ring_sends
+from .topology import F32 as _F32
 
 __all__ = [
     "ALGORITHMS",
@@ -53,13 +68,31 @@ __all__ = [
     "expected_counts",
     "init_from_env",
     "native_available",
+    "require_torch",
+    "shutdown",
 ]
-
-ALGORITHMS = ("tree", "ring", "star")
-_F32 = 4  # bytes per element
 
 # environment of a rank process (set by launch, read by init_from_env)
 ENV_RANK, ENV_HOSTS, ENV_JOB = "OALLAMA_RANK", "OALLAMA_HOSTS", "OALLAMA_JOB"
+
+
+def require_torch() -> None:
+    """Raise CollectiveError (with the install hint) unless torch.distributed can be imported: a
+    launcher calls it before starting ranks that would all fail on it."""
+    _torch()
+
+
+def _torch() -> tuple[Any, Any]:
+    """(torch, torch.distributed), or a CollectiveError that says how to get them."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        raise CollectiveError("oallama.collective needs torch (torch.distributed with gloo) for its process "
+                              f"groups: pip install 'oallama[tp]' ({e})") from None
+    if not dist.is_available():
+        raise CollectiveError(f"this torch ({torch.__version__}) was built without torch.distributed")
+    return torch, dist
 
 
 def native_available() -> bool:
@@ -69,122 +102,6 @@ def native_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-# --------------------------------------------------------------------------------------------
-# topology and counters
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Which host each rank runs on. host_of[r] is rank r's host id (0..hosts-1)."""
-
-    host_of: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not self.host_of:
-            raise ValueError("a topology needs at least one rank")
-        ids = sorted(set(self.host_of))
-        if ids != list(range(len(ids))):
-            raise ValueError(f"host ids must be 0..hosts-1, got {sorted(set(self.host_of))}")
-
-    @classmethod
-    def uniform(cls, hosts: int, ranks_per_host: int) -> Topology:
-        """hosts x ranks_per_host, ranks of a host contiguous: host_of = 0,0,1,1 for 2 x 2."""
-        if hosts < 1 or ranks_per_host < 1:
-            raise ValueError(f"need hosts >= 1 and ranks_per_host >= 1, got {hosts} x {ranks_per_host}")
-        return cls(tuple(r // ranks_per_host for r in range(hosts * ranks_per_host)))
-
-    @classmethod
-    def parse(cls, text: str) -> Topology:
-        """'0,0,1,1' -> Topology((0, 0, 1, 1))."""
-        return cls(tuple(int(x) for x in text.split(",")))
-
-    @property
-    def world_size(self) -> int:
-        return len(self.host_of)
-
-    @property
-    def n_hosts(self) -> int:
-        return max(self.host_of) + 1
-
-    def ranks_on(self, host: int) -> list[int]:
-        return [r for r, h in enumerate(self.host_of) if h == host]
-
-    def local_master(self, host: int) -> int:
-        return self.ranks_on(host)[0]
-
-    @property
-    def local_masters(self) -> list[int]:
-        return [self.local_master(h) for h in range(self.n_hosts)]
-
-    @property
-    def global_master(self) -> int:
-        return self.local_master(self.host_of[0])
-
-    def local_rank(self, rank: int) -> int:
-        return self.ranks_on(self.host_of[rank]).index(rank)
-
-    def crosses(self, a: int, b: int) -> bool:
-        return self.host_of[a] != self.host_of[b]
-
-    def __str__(self) -> str:
-        return ",".join(map(str, self.host_of))
-
-
-@dataclass
-class Counters:
-    """What one rank sent, summed over calls. Bytes are payload bytes (no headers)."""
-
-    allreduce_calls: int = 0
-    allreduce_elements: int = 0  # f32 elements all-reduced, summed over calls
-    allreduce_seconds: float = 0.0  # wall time inside all_reduce
-    inter_msgs: int = 0  # messages this rank sent to another host
-    inter_bytes: int = 0
-    intra_msgs: int = 0  # transport messages this rank sent within its host
-    intra_bytes: int = 0
-    shm_bytes: int = 0  # bytes this rank wrote into the host's shared-memory segment
-    modelled_msgs: int = 0  # of the messages above, those counted from a schedule (ring)
-    other_calls: int = 0  # reduce/broadcast/all_gather/barrier calls (head, Megatron mode)
-    other_seconds: float = 0.0
-
-    def add(self, other: Counters) -> None:
-        for k, v in asdict(other).items():
-            setattr(self, k, getattr(self, k) + v)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def expected_counts(algorithm: str, topo: Topology, n: int, pipeline_bytes: int = 0) -> dict[str, int]:
-    """Job totals of one all-reduce of n f32 elements: inter-host messages and bytes.
-
-    tree: 2 (hosts-1) messages of n (times the number of pipeline chunks, if pipelined);
-    ring (gloo): every rank sends 2(p-1) chunks of ~n/p to its right neighbour, the edges that
-    cross hosts carry them; star: every rank off rank 0's host sends n and receives n.
-    """
-    p, H = topo.world_size, topo.n_hosts
-    if algorithm == "tree":
-        k = -(-n * _F32 // pipeline_bytes) if pipeline_bytes > 0 and n > 0 else 1
-        return {"inter_msgs": 2 * (H - 1) * k, "inter_bytes": 2 * (H - 1) * n * _F32}
-    if algorithm == "ring":
-        msgs = nbytes = 0
-        for r in range(p):
-            if topo.crosses(r, (r + 1) % p):
-                for step in range(2 * (p - 1)):
-                    msgs += 1
-                    nbytes += _ring_chunk(n, p, (r - step) % p) * _F32
-        return {"inter_msgs": msgs, "inter_bytes": nbytes}
-    if algorithm == "star":
-        off = sum(1 for r in range(p) if topo.crosses(r, 0))
-        return {"inter_msgs": 2 * off, "inter_bytes": 2 * off * n * _F32}
-    raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
-
-
-def _ring_chunk(n: int, p: int, i: int) -> int:
-    """Elements of chunk i when n is cut into p near-equal chunks."""
-    return n // p + (1 if i < n % p else 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,9 +136,7 @@ class Collective:
 
     def __init__(self, topo: Topology, rank: int, options: CollectiveOptions | None = None,
                  job: str = "job") -> None:
-        import torch
-        import torch.distributed as dist
-
+        torch, dist = _torch()
         self._torch, self._dist = torch, dist
         global _instances
         _instances += 1  # the same on every rank: all ranks build their collectives in one order
@@ -240,7 +155,6 @@ class Collective:
         self.host_groups = [dist.new_group(topo.ranks_on(h)) for h in range(topo.n_hosts)]
         self.host_group = self.host_groups[self.host]
         self.lm_group = dist.new_group(topo.local_masters)
-        self._nccl_lm_group = None
         self.shm = None
         self._cuda: CudaIpcStage | None = None
         intra = self.options.intra
@@ -257,6 +171,7 @@ class Collective:
                                             len(self.local_ranks), slot, self.options.timeout_s)
         if self.options.device == "cuda":
             self._cuda = CudaIpcStage(self)
+        _live.add(self)
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -322,12 +237,20 @@ class Collective:
         self._other(t0)
 
     def close(self) -> None:
+        """Release what this Collective holds: the CUDA stage, the shared-memory segment and the
+        process groups it made. Those are destroyed, which joins their gloo threads now, while the
+        interpreter is alive (see the module docstring). Every rank calls it after its last
+        operation; the default group stays (``shutdown``). Idempotent."""
         if self._cuda is not None:
             self._cuda.close()
             self._cuda = None
         if self.shm is not None:
             self.shm.close()
             self.shm = None
+        groups = [*self.host_groups, self.lm_group]
+        self.host_groups, self.host_group, self.lm_group = [], None, None
+        _destroy_groups(self._dist, groups)
+        _live.discard(self)
 
     # --- algorithms ---------------------------------------------------------------------------
 
@@ -436,15 +359,12 @@ class Collective:
 
     def _ring(self, flat: np.ndarray) -> None:
         self._dist.all_reduce(self._torch.from_numpy(flat))
-        # gloo's ring: reduce-scatter + all-gather, each rank sends 2(p-1) chunks to its right
+        # what gloo's ring sent (its messages are internal to gloo): its schedule, to rank-1
         p = self.topo.world_size
-        if p == 1:
-            return
-        right = (self.rank + 1) % p
+        left = (self.rank - 1) % p
         c = self.counters
-        for step in range(2 * (p - 1)):
-            nbytes = _ring_chunk(flat.size, p, (self.rank - step) % p) * _F32
-            if self.topo.crosses(self.rank, right):
+        for nbytes in ring_sends(flat.size, p, self.rank):
+            if self.topo.crosses(self.rank, left):
                 c.inter_msgs += 1
                 c.inter_bytes += nbytes
             else:
@@ -475,6 +395,18 @@ class Collective:
 
 
 _instances = 0
+_live: weakref.WeakSet[Collective] = weakref.WeakSet()  # open Collectives of this process (shutdown closes them)
+
+
+def _destroy_groups(dist: Any, groups: Sequence[Any]) -> None:
+    """Destroy these process groups (None and groups this rank is not in are skipped). Dropping
+    the last reference joins a gloo group's worker and I/O threads; the GIL is released meanwhile
+    (torch's process-group destructor does that), so a worker that frees a tensor can take it."""
+    if not dist.is_initialized():
+        return
+    for g in groups:
+        if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(g)
 
 
 def _check_f32(x: np.ndarray) -> None:
@@ -488,10 +420,9 @@ class CudaIpcStage:
     Host-side ordering uses the CPU module's shared-memory barrier. Buffers hold capacity f32."""
 
     def __init__(self, coll: Collective, capacity: int = 4 << 20) -> None:
-        import torch
-
         from .. import _collective_cuda as cc
 
+        torch = coll._torch
         self.cc, self.coll, self.torch = cc, coll, torch
         self.capacity = capacity  # f32 elements per call (larger tensors are chunked)
         torch.cuda.set_device(coll.local_rank % max(1, torch.cuda.device_count()))
@@ -560,6 +491,8 @@ class CudaIpcStage:
                 with contextlib.suppress(RuntimeError):
                     self.cc.close_peer(p)
         self.peers = []
+        nccl, self.nccl = self.nccl, None
+        _destroy_groups(self.coll._dist, [nccl])
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,10 +502,9 @@ class CudaIpcStage:
 
 def init_from_env(options: CollectiveOptions | None = None) -> Collective:
     """Join the job described by the environment that ``launch`` set (MASTER_ADDR, MASTER_PORT,
-    WORLD_SIZE, OALLAMA_RANK, OALLAMA_HOSTS, OALLAMA_JOB) and return this rank's Collective."""
-    import torch
-    import torch.distributed as dist
-
+    WORLD_SIZE, OALLAMA_RANK, OALLAMA_HOSTS, OALLAMA_JOB) and return this rank's Collective.
+    The first call makes the default process group and registers ``shutdown`` with atexit."""
+    torch, dist = _torch()
     torch.set_num_threads(1)
     options = options or CollectiveOptions()
     try:
@@ -584,4 +516,25 @@ def init_from_env(options: CollectiveOptions | None = None) -> Collective:
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=topo.world_size, timeout=timedelta(seconds=options.timeout_s))
+        global _atexit_registered
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
     return Collective(topo, rank, options, job=job)
+
+
+_atexit_registered = False
+
+
+def shutdown() -> None:
+    """Leave the job: close every open Collective of this process and destroy all of
+    torch.distributed's process groups, joining gloo's threads while the interpreter is alive.
+    Call it (every rank) after the last operation; init_from_env also registers it with atexit,
+    for a process that ends otherwise. Idempotent; a no-op where torch was never imported."""
+    for c in list(_live):
+        c.close()
+    if "torch" not in sys.modules:
+        return
+    _, dist = _torch()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,6 +1,7 @@
-"""Processes of a collective job: ``launch`` starts one process per rank (optionally inside the
-network namespaces of emulated hosts, see scripts/netns_hosts.py), and a worker that self-tests
-and times the all-reduce algorithms (``selftest``; ``python -m oallama.collective.launch worker``).
+"""oallama.collective.launch: the processes of a collective job (seed 001). ``launch`` starts one
+process per rank (optionally inside the network namespaces of emulated hosts, see
+scripts/netns_hosts.py); a worker self-tests and times the all-reduce algorithms and, on request,
+observes what they sent over TCP (``selftest``; ``python -m oallama.collective.launch worker``).
 """
 
 from __future__ import annotations
@@ -17,22 +18,25 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveError
+from . import wire
 from .allreduce import (
-    ALGORITHMS,
     ENV_HOSTS,
     ENV_JOB,
     ENV_RANK,
+    Collective,
     CollectiveOptions,
-    Counters,
-    Topology,
     init_from_env,
+    require_torch,
+    shutdown,
 )
+from .topology import ALGORITHMS, Counters, Topology
 
 __all__ = ["LaunchResult", "free_port", "launch", "selftest"]
 
@@ -169,6 +173,9 @@ def _worker(args: argparse.Namespace) -> int:
         coll.counters = Counters()
         coll.all_reduce(np.ones(args.count_n, np.float32))
         res["one_call"] = coll.counters.to_dict()
+        if args.wire_sizes:
+            res["wire"] = _observe_wire(coll, [int(s) for s in args.wire_sizes.split(",")], args.wire_calls,
+                                        f"{os.environ.get(ENV_JOB, 'job')}/{alg}")
         # timing
         timing = {}
         for n in [int(s) for s in args.sizes.split(",") if s]:
@@ -184,19 +191,83 @@ def _worker(args: argparse.Namespace) -> int:
         coll.barrier()
         coll.close()
         results["algorithms"][alg] = res
+    shutdown()  # every process group destroyed: gloo's threads are gone before the interpreter ends
+    results["threads_after_shutdown"] = _thread_names()
     (out / f"rank{results['rank']}.json").write_text(json.dumps(results, indent=1))
     return 0
 
 
+def _thread_names() -> list[str]:
+    """Names of this process's threads (Linux: /proc/self/task/*/comm; [] elsewhere)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for t in tasks:
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/self/task/{t}/comm").read_text().strip())
+    return sorted(names)
+
+
+def _observe_wire(coll: Collective, sizes: Sequence[int], calls: int, tag: str) -> dict[str, Any] | None:
+    """Rank 0's report of the TCP payload the ranks sent each other during `calls` all-reduces of
+    each size, read by `ss` between two snapshots (oallama.collective.wire); None on other ranks.
+
+    The ranks meet before and after the measured calls through the rendezvous store, whose
+    connections (to MASTER_PORT) are left out: a barrier over gloo would add its own messages.
+    Every rank has finished its calls (so every message has been received) when rank 0 looks.
+    """
+    dist = coll._dist
+    world = coll.topo.world_size
+    pids: list[Any] = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    rank_of_pid = {int(pid): r for r, pid in enumerate(pids)}
+    port = int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], port, is_master=False,
+                          timeout=timedelta(seconds=coll.options.timeout_s))
+
+    def meet(key: str) -> list[wire.TcpSocket] | None:
+        store.set(f"{key}/{coll.rank}", "1")
+        if coll.rank != 0:
+            store.wait([f"{key}/go"])
+            return None
+        store.wait([f"{key}/{r}" for r in range(world)])
+        snap = wire.snapshot(rank_of_pid)
+        store.set(f"{key}/go", "1")
+        return snap
+
+    report: dict[str, Any] = {}
+    for n in sizes:
+        x = np.ones(n, np.float32)
+        coll.all_reduce(x)  # warm-up: every connection and buffer of this size exists before the window
+        before = meet(f"oallama-wire/{tag}/{n}/before")
+        for _ in range(calls):
+            coll.all_reduce(x)
+        after = meet(f"oallama-wire/{tag}/{n}/after")
+        if before is not None and after is not None:
+            flows = wire.traffic(before, after, rank_of_pid, exclude_ports=[port])
+            report[str(n)] = {"calls": calls, **wire.inter_host(flows, coll.topo),
+                              "flows": {f"{a}->{b}": [f.bytes, f.segments] for (a, b), f in sorted(flows.items())}}
+    return report if coll.rank == 0 else None
+
+
 def selftest(topo: Topology, out: Path, *, algorithms: Sequence[str] = ALGORITHMS, check_sizes: str = "1,1000",
              count_n: int = 1024, sizes: str = "", iters: int = 5, intra: str = "auto", timeout_s: float = 120.0,
-             slot_bytes: int = 16 << 20, pipeline_bytes: int = 0, **launch_kw: Any) -> list[dict[str, Any]]:
-    """Run the worker on every rank (see launch for launch_kw); returns each rank's report."""
+             slot_bytes: int = 16 << 20, pipeline_bytes: int = 0, wire_sizes: str = "", wire_calls: int = 4,
+             **launch_kw: Any) -> list[dict[str, Any]]:
+    """Run the worker on every rank (see launch for launch_kw); returns each rank's report.
+
+    wire_sizes ("4096,8192"): rank 0's report gets, per algorithm and size, the TCP payload the
+    ranks sent each other during wire_calls all-reduces (``_observe_wire``; ranks on one network
+    namespace, e.g. loopback, and `ss` installed)."""
+    require_torch()
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "oallama.collective.launch", "worker", "--out", str(out),
             "--algorithms", ",".join(algorithms), "--check-sizes", check_sizes, "--count-n", str(count_n),
             "--sizes", sizes, "--iters", str(iters), "--intra", intra, "--timeout", str(timeout_s),
-            "--slot-bytes", str(slot_bytes), "--pipeline-bytes", str(pipeline_bytes)]
+            "--slot-bytes", str(slot_bytes), "--pipeline-bytes", str(pipeline_bytes),
+            "--wire-sizes", wire_sizes, "--wire-calls", str(wire_calls)]
     launch(lambda r: argv, topo, timeout_s=timeout_s + 60, **launch_kw)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(topo.world_size)]
 
@@ -214,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--intra", default="auto")
     w.add_argument("--slot-bytes", type=int, default=16 << 20)
     w.add_argument("--pipeline-bytes", type=int, default=CollectiveOptions.pipeline_bytes)
+    w.add_argument("--wire-sizes", default="", help="observe the TCP traffic of all-reduces of these sizes")
+    w.add_argument("--wire-calls", type=int, default=4, help="all-reduces per observed size")
     w.add_argument("--timeout", type=float, default=120.0)
     w.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 
+from ..options import add_arguments, from_args, option
 from . import presets as _presets
 from .presets import PRESETS, Preset
 
@@ -470,16 +471,32 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass
+class SynthOptions:
+    """Everything `oallama synth` takes (its flags are generated from these fields)."""
+
+    output: Path = option(short="-o", help="the .gguf to write")
+    preset: str = option("tiny", short="-p", choices=list(PRESETS), help="model shape")
+    qtype: str = option("q8_0", flag="--type", short="-t", choices=list(FILE_TYPES),
+                        help="file type, as llama-quantize names it")
+    seed: int = option(0, help="random seed")
+    layers: int | None = option(None, metavar="N", help="override the layer count", default_help="the preset's")
+    quiet: bool = option(False, short="-q", help="no progress on stderr")
+    shape_only: bool = option(False, help="zero (sparse) tensor data: instant; for inspect/plan at full size, "
+                              "not for inference")
+
+
 def _cmd_synth(args: argparse.Namespace) -> int:
+    o = from_args(SynthOptions, args)
     t0 = time.perf_counter()
-    path = write_model(args.output, args.preset, args.type, seed=args.seed, n_layer=args.layers,
-                       progress=not args.quiet, shape_only=args.shape_only)
+    path = write_model(o.output, o.preset, o.qtype, seed=o.seed, n_layer=o.layers, progress=not o.quiet,
+                       shape_only=o.shape_only)
     dt = time.perf_counter() - t0
     from .gguf_file import read
 
     info = read(path)
     size = path.stat().st_size
-    print(f"wrote {path}: {args.preset} {args.type} seed {args.seed}, {info.hparam('block_count')} layers, "
+    print(f"wrote {path}: {o.preset} {o.qtype} seed {o.seed}, {info.hparam('block_count')} layers, "
           f"{len(info.tensors)} tensors, {size / 1e9:.3f} GB in {dt:.2f} s ({size / 1e6 / max(dt, 1e-9):.0f} MB/s)")
     return 0
 
@@ -496,13 +513,5 @@ def register(subparsers: Any) -> None:
         epilog="presets:\n" + "\n".join(lines),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--preset", "-p", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
-    ap.add_argument("--type", "-t", default="q8_0", choices=list(FILE_TYPES),
-                    help="file type, as llama-quantize names it (default q8_0)")
-    ap.add_argument("-o", "--output", required=True, type=Path, help="the .gguf to write")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--layers", type=int, default=None, metavar="N", help="override the layer count")
-    ap.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
-    ap.add_argument("--shape-only", action="store_true",
-                    help="zero (sparse) tensor data: instant; for inspect/plan at full size, not for inference")
+    add_arguments(ap, SynthOptions)
     ap.set_defaults(func=_cmd_synth)

@@ -4,5 +4,8 @@
     profile     every target op timed on every device, copies and launches fitted
     schedmodel  ggml's scheduler reproduced: a placement's node -> device assignment and its cost
     optimal     the MILP over the scheduler model (HiGHS)
-    plan        strategies (layers, affinity, optimal, fit, flexgen), plan files, `oallama plan`
+    context     budgets, the workload, the planning context (pass models, sizes, profile)
+    verify      placements checked against llama.cpp's own memory accounting
+    strategies  layers, affinity, optimal, fit, flexgen: one interface, one registry
+    plan        plans built in one place (make_plan), plan files, `oallama plan`
 """

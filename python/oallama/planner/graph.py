@@ -19,13 +19,14 @@ import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .. import _core
 from ..errors import ModelFileError, PlanError
 from ..model import gguf_file
+from ..options import add_arguments, from_args, option
 
 TARGET_OPS = ("MUL_MAT", "MUL_MAT_ID")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -60,22 +61,23 @@ class Node:
     is_output: bool
 
     @staticmethod
-    def from_dict(index: int, d: dict[str, Any]) -> Node:
-        return Node(index, d["name"], d["op"], d["type"], tuple(d["ne"]), d["nbytes"], tuple(d["srcs"]),
-                    d["view_src"], d["weight"], d["weight_slot"], d["backend"], d["pinned"], d["host_buffer"],
-                    tuple(d["supported_on"]),
-                    d["caller_pinned"], d["is_view"], d["is_input"], d["is_output"])
+    def from_native(index: int, t: _core.GraphTensor) -> Node:
+        """A copy of _core's read-only graph tensor (every field but `index` named as in oallama.h)."""
+        return Node(index, *(getattr(t, name) for name in _NATIVE_FIELDS))
+
+
+_NATIVE_FIELDS = tuple(f.name for f in fields(Node))[1:]  # all but index
 
 
 class Graph:
     """The graph of one ubatch of `n_tokens`, with the scheduler's device for each node."""
 
-    def __init__(self, n_tokens: int, raw: dict[str, Any]) -> None:
+    def __init__(self, n_tokens: int, raw: _core.Graph) -> None:
         self.n_tokens = n_tokens
-        self.backends: list[str] = list(raw["backends"])  # by scheduler priority, CPU last
-        self.nodes = [Node.from_dict(i, d) for i, d in enumerate(raw["nodes"])]
-        self.leafs = [Node.from_dict(-1 - j, d) for j, d in enumerate(raw["leafs"])]
-        self.n_splits: int = raw["n_splits"]
+        self.backends: list[str] = list(raw.backends)  # by scheduler priority, CPU last
+        self.nodes = [Node.from_native(i, t) for i, t in enumerate(raw.nodes)]
+        self.leafs = [Node.from_native(-1 - j, t) for j, t in enumerate(raw.leafs)]
+        self.n_splits: int = raw.n_splits
         self.consumers: dict[int, list[int]] = defaultdict(list)  # tensor index -> reading node indices
         for n in self.nodes:
             for s in n.srcs:
@@ -170,9 +172,9 @@ class GraphSession:
         if devices is not None:  # names RPC endpoints register here; unknown names raise
             devices = [devmod.resolve(d).name for d in devices]
         try:
-            self._s: Any = _core.Session(str(path), list(devices) if devices is not None else None,
-                                         list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
-                                         flash_attn, op_offload, False)
+            self._s = _core.Session(str(path), list(devices) if devices is not None else None,
+                                    list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
+                                    flash_attn, op_offload, False)
         except RuntimeError as e:
             raise ModelFileError(str(e)) from None
         if offload_policy:
@@ -185,9 +187,13 @@ class GraphSession:
     def graph(self, n_tokens: int, n_outputs: int = 1) -> Graph:
         return Graph(n_tokens, _core.graph(self._s.context(), n_tokens, n_outputs))
 
-    def memory(self) -> list[dict[str, Any]]:
+    def memory(self) -> list[_core.MemoryUse]:
         """llama.cpp's memory breakdown per buffer type: model / context (KV) / compute bytes."""
         return list(_core.memory(self._s.context()))
+
+    def model_tensors(self) -> list[_core.TensorInfo]:
+        """Every weight of the (metadata-only) model and the device its buffer type belongs to."""
+        return list(_core.model_tensors(self._s.model()))
 
     def close(self) -> None:
         self._s.close()
@@ -250,26 +256,34 @@ def summary_table(inv: Inventory, n_small: int, n_large: int) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class InspectOptions:
+    """Everything `oallama inspect` takes (its flags are generated from these fields)."""
+
+    model: Path = option(positional=True, help="GGUF model file")
+    tokens: list[int] = option([1, 512], help="token counts to build graphs for")
+    ctx: int = option(4096, help="context length the graphs assume")
+    json: Path | None = option(None, help="also write every target op to this JSON file")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    sizes = sorted({int(x) for x in args.tokens.split(",")})
-    inv = inventory(args.model, sizes, n_ctx=args.ctx)
+    o = from_args(InspectOptions, args)
+    sizes = sorted(set(o.tokens))
+    inv = inventory(o.model, sizes, n_ctx=o.ctx)
     g = inv.graphs[sizes[0]]
     print(f"{inv.model.path.name}: {inv.model.architecture}, {len(inv.model.tensors)} tensors, "
           f"{inv.model.weight_bytes / 2**30:.2f} GiB of weights; graph at {sizes[0]} token(s): "
           f"{len(g.nodes)} nodes, {len(inv.target_ops(sizes[0]))} target ops")
     print(summary_table(inv, sizes[0], sizes[-1]))
-    if args.json:
+    if o.json:
         doc = {"model": str(inv.model.path), "identity": inv.model.identity(),
-               "target_ops": {n: [asdict(o) for o in inv.target_ops(n)] for n in sizes}}
-        Path(args.json).write_text(json.dumps(doc, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
+               "target_ops": {n: [asdict(op) for op in inv.target_ops(n)] for n in sizes}}
+        o.json.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {o.json}", file=sys.stderr)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="list the weight-bearing ops of the graph llama.cpp builds for a model")
-    p.add_argument("model")
-    p.add_argument("--tokens", default="1,512", help="token counts to build graphs for (default 1,512)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length the graphs assume")
-    p.add_argument("--json", help="also write every target op to this JSON file")
+    add_arguments(p, InspectOptions)
     p.set_defaults(func=_cmd_inspect)

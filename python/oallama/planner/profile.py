@@ -33,6 +33,7 @@ from .. import _core, _libs
 from .._files import read_json
 from .._version import __version__
 from ..errors import ProfileError
+from ..options import add_arguments, from_args, option
 from ..runtime import devices as devmod
 from .graph import Inventory, TargetOp, inventory
 
@@ -254,7 +255,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     for d in devs:
         threads = settings.threads if d.is_host else 1
         launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
-        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch["samples_us"])}
+        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch.samples_us)}
         for (op, wtype, shape), ns in sorted(sigs.items()):
             if op != "MUL_MAT":
                 raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape})")
@@ -265,8 +266,8 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             except RuntimeError as e:
                 raise ProfileError(str(e)) from None
             for n, r in zip(cols, res, strict=True):
-                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r["samples_us"]),
-                                                                    "buffer_type": r["buffer_type"]}
+                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
+                                                                    "buffer_type": r.buffer_type}
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
@@ -277,7 +278,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                 pts = []
                 for b in _spread(_activation_sizes(inv)):
                     r = _core.profile_copy(d.name, b, h2d, warmup, repeats)
-                    pts.append((b, statistics.median(r["samples_us"])))
+                    pts.append((b, statistics.median(r.samples_us)))
                 links[d.name][direction] = Link.fit(pts)
     if progress:
         print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s".ljust(100),
@@ -316,41 +317,48 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
 # --- CLI ------------------------------------------------------------------------------------
 
 
+@dataclass
+class ProfileOptions:
+    """Everything `oallama profile` takes (its flags are generated from these fields)."""
+
+    model: Path = option(positional=True, help="GGUF model file")
+    device: str | None = option(None, help="accelerator to profile besides the CPU", default_help="the first GPU")
+    rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
+    rpc_threads: int = option(1, help="threads of that rpc-server")
+    threads: int | None = option(None, help="CPU threads", default_help="llama-cpp-python's")
+    tokens: list[int] = option(list(DEFAULT_TOKENS), help="token counts to profile at")
+    repeats: int = option(5, help="timed runs per op (median and spread)")
+    cache: bool = option(True, help="reuse a matching cached profile (--no-cache: measure again)")
+    output: Path | None = option(None, short="-o", help="also write the profile to this file")
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from ..runtime.rpc import local_server_if
 
-    with local_server_if(args.rpc_local and not args.device, args.rpc_threads) as server:
+    o = from_args(ProfileOptions, args)
+    with local_server_if(o.rpc_local and not o.device, o.rpc_threads) as server:
         devices = ["CPU"]
-        if args.device:
-            devices.append(args.device)
+        if o.device:
+            devices.append(o.device)
         elif server is not None:
             devices.append(server.device_name)
         else:
             acc = devmod.default_accelerator()
             if acc is not None:
                 devices.append(acc.name)
-        tokens = sorted({int(x) for x in args.tokens.split(",")})
-        prof = profile_model(args.model, devices, threads=args.threads, n_tokens=tokens, cache=not args.no_cache,
-                             repeats=args.repeats)
+        prof = profile_model(o.model, devices, threads=o.threads, n_tokens=sorted(set(o.tokens)), cache=o.cache,
+                             repeats=o.repeats)
         print(f"profile {prof.key[:12]}: devices {', '.join(prof.devices)}; threads={prof.settings.threads}; "
               f"{sum(len(v) for v in prof.ops.values())} measurements in {prof.elapsed_s:.1f} s")
         for dev, ls in prof.links.items():
             for k, link in ls.items():
                 print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
-        if args.output:
-            print(f"wrote {prof.save(args.output)}")
+        if o.output:
+            print(f"wrote {prof.save(o.output)}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="time every weight-bearing op of a model on each device")
-    p.add_argument("model")
-    p.add_argument("--device", help="accelerator to profile besides the CPU (default: the first GPU)")
-    p.add_argument("--rpc-local", action="store_true", help="use a loopback rpc-server as the accelerator")
-    p.add_argument("--rpc-threads", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
-    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="token counts to profile at")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--no-cache", action="store_true", help="measure even if a matching profile is cached")
-    p.add_argument("-o", "--output", help="also write the profile to this file")
+    add_arguments(p, ProfileOptions)
     p.set_defaults(func=_cmd_profile)

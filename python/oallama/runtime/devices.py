@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .. import _core
 from ..errors import RpcServerError, UnknownDeviceError
@@ -35,6 +35,11 @@ class Device:
     buffer_type: str
     memory_free: int  # bytes (0 for RPC devices unless queried)
     memory_total: int  # bytes
+
+    @staticmethod
+    def from_native(d: _core.Device) -> Device:
+        """A copy of _core's read-only device record (same field names as oallama_device_info)."""
+        return Device(*(getattr(d, f.name) for f in fields(Device)))
 
     @property
     def is_host(self) -> bool:
@@ -63,7 +68,7 @@ def list_devices(query_rpc_memory: bool = False) -> list[Device]:
     query_rpc_memory asks each rpc-server for its memory, after checking it still answers
     (ggml-rpc aborts the process on a refused connection); a gone server reports 0 bytes."""
     _init()
-    devs = [Device(**d) for d in _core.devices_list(False)]
+    devs = [Device.from_native(d) for d in _core.devices_list(False)]
     if query_rpc_memory:
         devs = [_with_memory(d) if d.kind == "rpc" else d for d in devs]
     return devs
@@ -144,13 +149,17 @@ def default_accelerator() -> Device | None:
     return None
 
 
+# The two integer addresses oallama hands out, and only for llama-cpp-python's ctypes
+# llama_model_params (devices, tensor_buft_overrides): every other native handle is a typed object.
+
+
 def buffer_type_address(name: str) -> int:
-    """ggml_backend_buffer_type_t of a device's default buffer type (integer address)."""
+    """ggml_backend_buffer_type_t of a device's default buffer type (integer address, for ctypes)."""
     return int(_core.buffer_type_address(resolve(name).name))
 
 
 def device_address(name: str) -> int:
-    """ggml_backend_dev_t of a device (integer address)."""
+    """ggml_backend_dev_t of a device (integer address, for ctypes)."""
     return int(_core.device_address(resolve(name).name))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import PlacementError
 from ..model import gguf_file
+from ..options import add_arguments, from_args, option
 from . import planfile
 
 
@@ -115,12 +116,44 @@ def _uses_mmap(llm: Any) -> bool:
     return llm.model_params.load_mode in (llama_cpp.LLAMA_LOAD_MODE_MMAP, llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+SPLITS = ("ffn", "odd", "attention")  # hand placements of `split_placement`
+
+
+def _strategies() -> list[str]:
+    return list(planfile.planner().strategies)
+
+
+@dataclass
+class RunOptions:
+    """Everything `oallama run` takes (its flags are generated from these fields)."""
+
+    model: str = option(positional=True, help="GGUF model file")
+    devices: list[str] | None = option(None, help="comma-separated device names, e.g. CPU,CUDA0 or "
+                                       "CPU,RPC[127.0.0.1:50052]", default_help="the CPU")
+    placement: str | None = option(None, help="placement/plan JSON file")
+    split: str | None = option(None, choices=SPLITS, help="hand placement: put these weights on the last device")
+    gpu_budget: str | None = option(None, help="plan the placement for this accelerator budget ('50%', '2GiB')")
+    strategy: str = option("optimal", choices=_strategies, help="planning strategy with --gpu-budget")
+    plan_prompt: int = option(64, help="prompt length the plan optimises for")
+    ubatch: int = option(512, help="llama.cpp's n_ubatch")
+    rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
+    rpc_threads: int = option(1, help="threads of that rpc-server")
+    prompt: str = option("The quick brown fox", short="-p", help="the prompt")
+    n: int = option(32, flag="-n", help="tokens to generate")
+    ctx: int = option(512, help="context length")
+    threads: int | None = option(None, help="CPU threads", default_help="llama-cpp-python's")
+    temperature: float = option(0.0, help="sampling temperature (0: greedy)")
+    seed: int = option(1234, help="sampling seed")
+    verbose: bool = option(False, help="show llama.cpp's log")
+
+
+def _cmd_run(ns: argparse.Namespace) -> int:
     from . import rpc
     from .llama import Llama
 
+    args = from_args(RunOptions, ns)
     model = gguf_file.check_model(args.model)
-    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    devices = list(args.devices) if args.devices else None
     with rpc.local_server_if(args.rpc_local, args.rpc_threads) as server:
         if server is not None:
             print(f"started rpc-server {server.endpoint} as device {server.device_name}", file=sys.stderr)
@@ -159,23 +192,5 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="load a model with a placement, generate, show placement and TTFT/TPOT")
-    p.add_argument("model")
-    p.add_argument("--devices", help="comma-separated device names, e.g. CPU,CUDA0 or CPU,RPC[127.0.0.1:50052]")
-    p.add_argument("--placement", help="placement/plan JSON file")
-    p.add_argument("--split", choices=["ffn", "odd", "attention"],
-                   help="hand placement: put these weights on the last device")
-    p.add_argument("--gpu-budget", help="plan the placement for this accelerator budget ('50%%', '2GiB')")
-    p.add_argument("--strategy", choices=list(planfile.planner().strategies), default="optimal",
-                   help="planning strategy with --gpu-budget (default optimal)")
-    p.add_argument("--plan-prompt", type=int, default=64, help="prompt length the plan optimises for")
-    p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch")
-    p.add_argument("--rpc-local", action="store_true", help="start a loopback rpc-server as a second device")
-    p.add_argument("--rpc-threads", type=int, default=1, help="threads of that rpc-server")
-    p.add_argument("-p", "--prompt", default="The quick brown fox")
-    p.add_argument("-n", type=int, default=32, help="tokens to generate")
-    p.add_argument("--ctx", type=int, default=512)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    add_arguments(p, RunOptions)
     p.set_defaults(func=_cmd_run)

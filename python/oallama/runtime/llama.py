@@ -36,7 +36,7 @@ import llama_cpp
 import llama_cpp.llama_cpp as _C
 
 from .. import _core
-from ..errors import PlanError
+from ..errors import ClosedError, PlanError
 from ..model import gguf_file
 from . import devices as devmod
 from . import place, planfile
@@ -45,11 +45,6 @@ from . import place, planfile
 class _BuftOverride(ctypes.Structure):
     # struct llama_model_tensor_buft_override (llama.h); llama-cpp-python types the field void*
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def ctx_value(pointer: Any) -> int:
-    """Integer address of a llama-cpp-python ctypes pointer."""
-    return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
 
 
 @dataclass(frozen=True)
@@ -190,9 +185,13 @@ class Llama(llama_cpp.Llama):
             self._native_load_params = _NativeLoadParams(self.load_spec)
         with _model_params_hook(self._native_load_params):
             super().__init__(model_path, *args, **kwargs)
+        # typed handles, taken once from llama-cpp-python's owners (Llama._model / Llama._ctx, its
+        # _internals wrappers): they keep the owners alive and raise ClosedError after close()
+        self._native_model: _core.Model | None = _core.Model(self._model)
+        self._native_context: _core.Context | None = _core.Context(self._ctx)
         if req.offload_policy:
             try:
-                _core.set_offload_policy(self._context_address(), req.offload_policy)
+                _core.set_offload_policy(self.native_context, req.offload_policy)
             except RuntimeError as e:
                 self.close()
                 raise PlanError(str(e)) from None
@@ -202,31 +201,35 @@ class Llama(llama_cpp.Llama):
         if hasattr(self, "_stack"):
             super().close()
 
-    def _context_address(self) -> int:
-        ctx = getattr(getattr(self, "_ctx", None), "ctx", None)
-        if ctx is None:
-            raise RuntimeError("this Llama is closed: its context has been freed")
-        return int(ctx_value(ctx))
+    @property
+    def native_context(self) -> _core.Context:
+        """The loaded llama_context as oallama's native layer takes it (oallama._core.Context);
+        using it after close() raises ClosedError."""
+        ctx = getattr(self, "_native_context", None)
+        if ctx is None:  # pragma: no cover - refused loads raise from __init__ before any caller has self
+            raise ClosedError(f"this Llama ({self.model_path}) has no context: it was not loaded")
+        return ctx
+
+    @property
+    def native_model(self) -> _core.Model:
+        """The loaded llama_model as oallama._core.Model; using it after close() raises ClosedError."""
+        model = getattr(self, "_native_model", None)
+        if model is None:  # pragma: no cover - as native_context
+            raise ClosedError(f"this Llama ({self.model_path}) has no model: it was not loaded")
+        return model
 
     def offload_policy(self) -> dict[str, int]:
         """Per-weight op offload thresholds in effect (weight -> min batch), read from the scheduler."""
-        return dict(_core.get_offload_policy(self._context_address()))
+        return dict(_core.get_offload_policy(self.native_context))
 
     # --- readback ---------------------------------------------------------------------------
-
-    def _model_address(self) -> int:
-        model = getattr(getattr(self, "_model", None), "model", None)
-        if model is None:
-            raise RuntimeError("this Llama is closed: its model has been freed")
-        return ctx_value(model)
 
     def tensor_placements(self) -> list[TensorPlacement]:
         """Every weight tensor of the loaded model with its device and buffer type, read from
         the model's own buffers. A tied weight that llama.cpp duplicates appears twice."""
         return [
-            TensorPlacement(t["name"], t["device"], t["buffer_type"], t["type"], _trim(t["shape"]),
-                            t["nbytes"], t["is_host"])
-            for t in _core.model_tensors(self._model_address())
+            TensorPlacement(t.name, t.device, t.buffer_type, t.type, _trim(t.ne), t.nbytes, t.is_host)
+            for t in _core.model_tensors(self.native_model)
         ]
 
     def tensor_devices(self) -> dict[str, str]:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CollectiveError
+from ...options import add_arguments, from_args, group, option
 from .. import allreduce as coll
 from ..launch import launch
 from .memory import GGUFSource, LlamaConfig, MemorySampler, ResidentStore, Shard, StreamingStore
@@ -42,19 +43,23 @@ from .memory import GGUFSource, LlamaConfig, MemorySampler, ResidentStore, Shard
 __all__ = ["DistRun", "GenerateResult", "TPDecoder", "TPOptions", "register", "run_distributed"]
 
 
+NORMS = ("allreduce", "reduce_bcast")  # where LayerNorm meets the all-reduce (see TPOptions.norm)
+
+
 @dataclass(frozen=True)
 class TPOptions:
-    algorithm: str = "tree"  # all-reduce: tree | ring | star
-    stream: bool = False  # the layer-streaming memory manager (else every layer resident)
-    norm: str = "allreduce"  # allreduce: every rank normalises | reduce_bcast: Megatron's order
-    n_ctx: int = 512  # tokens of KV cache
+    algorithm: str = option("tree", short="-a", choices=coll.ALGORITHMS, help="all-reduce algorithm")
+    stream: bool = option(False, help="the layer-streaming memory manager (else every layer resident)")
+    norm: str = option("allreduce", choices=NORMS, help="allreduce: every rank normalises; reduce_bcast: "
+                       "Megatron's order")
+    n_ctx: int = option(512, help="tokens of KV cache")
     intra: str = "auto"  # tree's intra-host stage: auto | shm | transport
     pipeline_bytes: int = 0  # tree's inter-host chunks (see CollectiveOptions); 0: unchunked
     timeout_s: float = 300.0  # per collective operation
     spill_dir: str | None = None  # where the streamed KV spill file goes (default: $TMPDIR)
 
     def __post_init__(self) -> None:
-        if self.norm not in ("allreduce", "reduce_bcast"):
+        if self.norm not in NORMS:
             raise ValueError(f"norm must be allreduce or reduce_bcast, not {self.norm!r}")
         if self.algorithm not in coll.ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; valid: {', '.join(coll.ALGORITHMS)}")
@@ -303,6 +308,7 @@ def _worker(job_path: str) -> int:
     comm.barrier()
     dec.close()
     comm.close()
+    coll.shutdown()  # gloo's threads joined before the interpreter ends (see collective.allreduce)
     return 0
 
 
@@ -312,6 +318,7 @@ def run_distributed(model: str | os.PathLike[str], prompt: Sequence[int], n_gen:
     """Generate n_gen tokens with one process per rank of topo (see collective.launch for
     launch_kw: netns, ifnames, master_addr). Raises CollectiveError on a failure or timeout."""
     options = options or TPOptions()
+    coll.require_torch()  # before starting ranks that would all fail on it
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("rank*.json"):
@@ -348,19 +355,35 @@ def _tokenize(model: str, text: str) -> list[int]:
         llm.close()
 
 
+@dataclass
+class TpCommand:
+    """Everything `oallama tp` takes (its flags are generated from these fields)."""
+
+    model: Path = option(short="-m", help="llama GGUF model file")
+    prompt: str = option("Once upon a time", short="-p", exclusive="input",
+                         help="text, tokenized by the model's tokenizer")
+    tokens: list[int] | None = option(None, exclusive="input", help="comma-separated token ids instead of --prompt")
+    n: int = option(16, flag="-n", help="tokens to generate")
+    hosts: int = option(2, help="hosts of the topology (each a group of local ranks)")
+    ranks_per_host: int = option(2, help="rank processes per host")
+    options: TPOptions = group(TPOptions)
+    timeout: float = option(600.0, help="seconds for the whole run")
+    out: Path | None = option(None, help="keep the per-rank reports here", default_help="a temporary directory")
+
+
 def _cmd_tp(args: argparse.Namespace) -> int:
     import tempfile
 
-    prompt = [int(t) for t in args.tokens.split(",")] if args.tokens else _tokenize(str(args.model), args.prompt)
-    topo = coll.Topology.uniform(args.hosts, args.ranks_per_host)
-    opts = TPOptions(algorithm=args.algorithm, stream=args.stream, norm=args.norm, n_ctx=args.n_ctx)
+    c = from_args(TpCommand, args)
+    prompt = list(c.tokens) if c.tokens else _tokenize(str(c.model), c.prompt)
+    topo = coll.Topology.uniform(c.hosts, c.ranks_per_host)
+    opts = c.options
     with tempfile.TemporaryDirectory(prefix="oallama-tp-") as tmp:
-        run = run_distributed(args.model, prompt, args.n, topo, opts, out_dir=args.out or tmp,
-                              timeout_s=args.timeout)
+        run = run_distributed(c.model, prompt, c.n, topo, opts, out_dir=c.out or tmp, timeout_s=c.timeout)
     tot = run.totals()
     peak = max(r["memory"]["held_peak"] for r in run.reports)
     print(f"tokens: {run.tokens}")
-    print(f"{topo.n_hosts} hosts x {args.ranks_per_host} ranks, {opts.algorithm}"
+    print(f"{topo.n_hosts} hosts x {c.ranks_per_host} ranks, {opts.algorithm}"
           f"{' + layer streaming' if opts.stream else ''}: TTFT {run.ttft_s * 1e3:.1f} ms, "
           f"{run.tokens_per_s:.2f} tokens/s, peak held {peak / 2**20:.1f} MiB/rank, "
           f"inter-host {tot.inter_msgs} messages / {tot.inter_bytes / 2**20:.2f} MiB")
@@ -372,19 +395,7 @@ def register(subparsers: Any) -> None:
     ap = subparsers.add_parser("tp", help="tensor-parallel generation across local ranks (gloo on loopback)",
                                description="Greedy generation with a llama GGUF split over hosts x ranks "
                                "processes on this machine; prints TTFT, tokens/s, memory and traffic.")
-    ap.add_argument("--model", "-m", required=True, type=Path)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--prompt", "-p", default="Once upon a time", help="text, tokenized by the model's tokenizer")
-    g.add_argument("--tokens", help="comma-separated token ids instead of --prompt")
-    ap.add_argument("-n", type=int, default=16, help="tokens to generate (default 16)")
-    ap.add_argument("--hosts", type=int, default=2)
-    ap.add_argument("--ranks-per-host", type=int, default=2)
-    ap.add_argument("--algorithm", "-a", default="tree", choices=coll.ALGORITHMS)
-    ap.add_argument("--stream", action="store_true", help="layer-streaming memory manager")
-    ap.add_argument("--norm", default="allreduce", choices=["allreduce", "reduce_bcast"])
-    ap.add_argument("--n-ctx", type=int, default=512)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
-    ap.add_argument("--out", type=Path, default=None, help="keep the per-rank reports here")
+    add_arguments(ap, TpCommand)
     ap.set_defaults(func=_cmd_tp)
 
 

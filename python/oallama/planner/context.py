@@ -1,0 +1,176 @@
+"""What a plan is made for (seed 002): a memory budget, a stated workload, and the planning
+context of one model on (CPU, accelerator) -- the pass models of every ubatch size the workload
+runs, the weights' and KV cache's sizes, and the profile they are costed with.
+
+Budget: bytes ("12GiB", "512MiB", "8000000000") or a share of the model's weights ("50%"). The
+KV cache, compute buffers and streamed weights that a placement puts on the accelerator count
+against it. Every strategy (`strategies`) plans in a `PlanContext`; `plan` turns the result into a
+plan file.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BudgetError, PlanError
+from ..model import gguf_file
+from ..options import option
+from ..runtime import devices as devmod
+from .graph import Graph, GraphSession, target_ops
+from .profile import DEFAULT_TOKENS, Profile, profile_model
+from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
+
+OBJECTIVES = ("ttft", "tpot", "e2e")
+_BINARY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def parse_budget(value: str | int, model_weight_bytes: int) -> int:
+    """Budget in bytes: an int, "12GiB", "512MiB", "8000000000", or "50%" of the weights."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise BudgetError(f"budget {value!r}: expected bytes or a string such as '12GiB' or '50%'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise BudgetError(f"budget {value}: must be more than 0 bytes")
+        return value
+    text = value.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", text)
+    if m:
+        pct = float(m[1])
+        if not 0 < pct <= 100:
+            raise BudgetError(f"budget {value!r}: a share of the model's weights must be in (0%, 100%]")
+        return max(int(model_weight_bytes * pct / 100), 1)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(B|KiB|MiB|GiB|TiB)?", text)
+    if m:
+        n = float(m[1]) * _BINARY[m[2] or "B"]
+        if n < 1:
+            raise BudgetError(f"budget {value!r}: must be at least 1 byte")
+        return int(n)
+    if re.fullmatch(r"\d+(?:\.\d+)?\s*[kKMGT]?B", text) or re.fullmatch(r"\d+(?:\.\d+)?\s+\w+", text):
+        raise BudgetError(f"budget {value!r}: write binary units without a space, e.g. '12GiB' or '512MiB' "
+                          "(decimal GB/MB are ambiguous)")
+    raise BudgetError(f"budget {value!r}: expected bytes ('12GiB', '512MiB', '8000000000') or a share of "
+                      "the model's weights ('50%')")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the plan is optimised for: one prompt of `prompt` tokens, then `gen` tokens (its
+    fields are also the workload flags of `oallama plan`)."""
+
+    prompt: int = option(512, help="prompt tokens of the workload")
+    gen: int = option(128, help="generated tokens of the workload")
+    objective: str = option("e2e", choices=OBJECTIVES, help="predicted time to minimise")
+    n_ubatch: int = option(512, flag="--ubatch", help="llama.cpp's n_ubatch (tokens per graph)")
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise PlanError(f"objective '{self.objective}': choose one of {', '.join(OBJECTIVES)}")
+        if self.prompt < 1 or self.gen < 1 or self.n_ubatch < 1:
+            raise PlanError(f"workload needs prompt, gen and n_ubatch >= 1 (got {self.prompt}, {self.gen}, "
+                            f"{self.n_ubatch})")
+
+    def ubatches(self) -> list[int]:
+        """Token counts of the prompt's ubatches (llama.cpp splits a prompt by n_ubatch)."""
+        full, rest = divmod(self.prompt, self.n_ubatch)
+        return [self.n_ubatch] * full + ([rest] if rest else [])
+
+    @property
+    def n_ctx(self) -> int:
+        return max(256, -(-(self.prompt + self.gen) // 256) * 256)
+
+    def pass_weights(self, objective: str | None = None) -> dict[int, float]:
+        """n_tokens -> how often that pass counts in the objective."""
+        obj = objective or self.objective
+        prefill: dict[int, float] = {}
+        for n in self.ubatches():
+            prefill[n] = prefill.get(n, 0.0) + 1.0
+        if obj == "ttft":
+            return prefill
+        if obj == "tpot":
+            return {1: 1.0}
+        out = dict(prefill)
+        out[1] = out.get(1, 0.0) + float(self.gen - 1)
+        return out
+
+
+@dataclass
+class PlanContext:
+    """One model on (CPU, accelerator) for one workload: pass models, sizes, profile."""
+
+    model: gguf_file.GGUFInfo
+    acc: str
+    workload: Workload
+    profile: Profile
+    passes: dict[int, PassModel]  # n_tokens -> model of that pass
+    weight_bytes: dict[str, int]
+    kv_bytes: dict[int, int]  # per layer
+    n_layer: int
+    settings: dict[str, Any]
+
+    def predict(self, p: Placement) -> dict[str, Any]:
+        costs = {n: pm.cost(p) for n, pm in self.passes.items()}
+        ttft = sum(costs[n].total_us for n in self.workload.ubatches())
+        tpot = costs[1].total_us
+        return {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (ttft + (self.workload.gen - 1) * tpot) / 1e3,
+                "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "copy_ms": c.copy_us / 1e3,
+                                    "launch_ms": c.launch_us / 1e3, "splits": c.n_splits, "copies": c.n_copies,
+                                    "copy_bytes": c.copy_bytes} for n, c in costs.items()}}
+
+    def objective_ms(self, p: Placement) -> float:
+        pred = self.predict(p)
+        return float(pred[f"{self.workload.objective}_ms"])
+
+    def acc_bytes(self, p: Placement) -> int:
+        """Weights + KV the placement puts on the accelerator (bytes, without compute buffers)."""
+        return sum(self.weight_bytes[w] for w in p.on_acc) + sum(
+            b for layer, b in self.kv_bytes.items() if layer >= self.n_layer - p.kv_layers)
+
+
+def log(msg: str) -> None:
+    """A planning step on stderr (what `oallama plan` shows unless --quiet)."""
+    print(f"plan: {msg}", file=sys.stderr, flush=True)
+
+
+def build_context(path: str | Path, acc: str, workload: Workload, *, profile: Profile | None = None,
+                  threads: int | None = None, op_offload: bool = True, progress: bool = True) -> PlanContext:
+    """Graphs of every pass (all weights on the host, and fully offloaded), and the profile."""
+    model = gguf_file.check_model(path)
+    dev = devmod.resolve(acc)
+    if dev.is_host:
+        raise PlanError(f"device {acc} is host memory; name an accelerator (a GPU or an rpc-server device)")
+    n_layer = int(model.hparam("block_count", 0))
+    sizes = sorted(set(workload.ubatches()) | {1})
+    kw = {"devices": [dev.name], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes), "op_offload": op_offload}
+    if progress:
+        log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
+    with GraphSession(path, **kw) as s:
+        graphs = {n: s.graph(n) for n in sizes}
+    with GraphSession(path, n_gpu_layers=n_layer + 1, **kw) as s:
+        full = {n: s.graph(n) for n in sizes}
+    if profile is None:
+        if progress:
+            log("profiling (cached after the first time)")
+        profile = profile_model(path, [HOST, dev.name], threads=threads, n_tokens=DEFAULT_TOKENS,
+                                n_ctx=workload.n_ctx, op_offload=op_offload, progress=progress)
+    _check_profile(profile, dev.name, graphs)
+    passes = {n: PassModel(graphs[n], profile, dev.name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
+              for n in sizes}
+    g1 = graphs[1]
+    settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
+                "flash_attn": False}
+    return PlanContext(model, dev.name, workload, profile, passes, weight_bytes(g1), kv_bytes_per_layer(g1),
+                       n_layer, settings)
+
+
+def _check_profile(profile: Profile, acc: str, graphs: Mapping[int, Graph]) -> None:
+    for d in (HOST, acc):
+        if d not in profile.ops:
+            raise PlanError(f"profile {profile.key[:12]} was not measured on {d} (it has {', '.join(profile.ops)})")
+    for g in graphs.values():
+        for op in target_ops(g):
+            profile.op_time_us(HOST, op)  # raises if the profile lacks this op shape
