@@ -172,6 +172,7 @@ static void oallama_bind_structs(py::module_ & m) {
         .def_property_readonly("kind", [](const D & d) { return oallama_device_kind_name(d.kind); },
                                "cpu | gpu | igpu | accel | rpc | other")
         .def_readonly("buffer_type", &D::buffer_type)
+        .def_readonly("host_buffer_type", &D::host_buffer_type, "its pinned host buffer type; \"\" if none")
         .def_readonly("memory_free", &D::memory_free, "bytes; 0 when not queried")
         .def_readonly("memory_total", &D::memory_total, "bytes; 0 when not queried")
         .def("__repr__", [](const D & d) { return "<oallama._core.Device " + d.name + " (" + d.description + ")>"; });
@@ -255,6 +256,7 @@ PYBIND11_MODULE(_core, m) {
 
     m.attr("llama_cpp_commit") = OALLAMA_LLAMA_CPP_COMMIT;
     m.attr("have_cuda") = bool(OALLAMA_HAVE_CUDA);
+    m.attr("have_vulkan") = bool(OALLAMA_HAVE_VULKAN);
 
     oallama_bind_structs(m);
     oallama_bind_borrowed<llama_context>(m, "A llama_context borrowed from its owner: Context(llm._ctx) or Session.context().");
@@ -398,7 +400,7 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
-                                bool use_extra_bufts) {
+                                bool use_extra_bufts, const std::string & host_of) {
         ggml_type t = GGML_TYPE_COUNT;
         for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
             if (ggml_get_type_traits((ggml_type) i)->type_name && wtype == ggml_type_name((ggml_type) i)) {
@@ -409,10 +411,11 @@ PYBIND11_MODULE(_core, m) {
             throw std::runtime_error("unknown ggml type '" + wtype + "'");
         }
         py::gil_scoped_release release;
-        return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts);
+        return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts, host_of);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("ns"), py::arg("n_threads"),
-       py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true,
-       "MUL_MAT of a weight [k, m] by f32 activations [k, n]: one Timing per n in ns.");
+       py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "",
+       "MUL_MAT of a weight [k, m] by f32 activations [k, n]: one Timing per n in ns. On the CPU the weight\n"
+       "lives in host_of's pinned host buffer type when host_of names a GPU-class device (as in a load).");
 
     m.def("profile_copy", [](const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
         py::gil_scoped_release release;

@@ -35,6 +35,16 @@ static std::vector<ggml_backend_dev_t> all_devices() {
     return out;
 }
 
+ggml_backend_dev_t oallama_buffer_type_get_device(ggml_backend_buffer_type_t buft) {
+    if (buft == nullptr) {
+        return nullptr;
+    }
+    if (ggml_backend_buft_is_host(buft)) {
+        return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    }
+    return ggml_backend_buft_get_device(buft);
+}
+
 std::string oallama_device_get_name(ggml_backend_dev_t dev) {
     if (!is_rpc_device(dev)) {
         return ggml_backend_dev_name(dev);
@@ -83,6 +93,8 @@ std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory) {
         info.kind        = device_kind(dev);
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         info.buffer_type = buft ? ggml_backend_buft_name(buft) : "";
+        ggml_backend_buffer_type_t hbt = ggml_backend_dev_host_buffer_type(dev);
+        info.host_buffer_type = hbt ? ggml_backend_buft_name(hbt) : "";
         info.memory_free = info.memory_total = 0;
         if (info.kind != OALLAMA_DEVICE_KIND_RPC || query_rpc_memory) {
             ggml_backend_dev_memory(dev, &info.memory_free, &info.memory_total);

@@ -94,10 +94,7 @@ static std::string buffer_device(const ggml_tensor * t) {
     if (buf == nullptr) {
         return "";
     }
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
-    if (dev == nullptr && ggml_backend_buffer_is_host(buf)) {
-        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    }
+    ggml_backend_dev_t dev = oallama_buffer_type_get_device(ggml_backend_buffer_get_type(buf));
     return dev ? oallama_device_get_name(dev) : "";
 }
 
@@ -162,9 +159,16 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
     g.n_copies = ggml_backend_sched_get_n_copies(sched);
 
     const int n_nodes = ggml_graph_n_nodes(gf);
+    // nodes in the order llama.cpp built them: GPU backends reorder their splits' nodes in place
+    // (graph_optimize), which would make a node's position depend on the placement (patch 0005)
+    std::vector<ggml_tensor *> built(n_nodes);
+    for (int i = 0; i < n_nodes; ++i) {
+        ggml_tensor * b = ggml_backend_sched_get_built_node(sched, i);
+        built[i] = b != nullptr ? b : ggml_graph_node(gf, i);
+    }
     std::unordered_map<const ggml_tensor *, int> index;  // node i -> i, leaf j -> -1-j
     for (int i = 0; i < n_nodes; ++i) {
-        index.emplace(ggml_graph_node(gf, i), i);
+        index.emplace(built[i], i);
     }
     // leaves are what nodes read that no node computes: weights, inputs, KV cache views' sources
     auto leaf_index = [&](const ggml_tensor * t) {
@@ -189,7 +193,7 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
     }
     std::unordered_multimap<std::string, int> node_by_name;
     for (int i = 0; i < n_nodes; ++i) {
-        node_by_name.emplace(ggml_get_name(ggml_graph_node(gf, i)), i);
+        node_by_name.emplace(ggml_get_name(built[i]), i);
     }
     // The split replaced a source read on another backend by a copy named "<backend>#<name>#<n>"
     // with the source's layout (ggml-backend.cpp, pass 5). Map it back to the source: a weight by
@@ -209,7 +213,7 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
         int best_i = -1;
         auto range = node_by_name.equal_range(orig);
         for (auto it = range.first; it != range.second; ++it) {
-            const ggml_tensor * cand = ggml_graph_node(gf, it->second);
+            const ggml_tensor * cand = built[it->second];
             if (it->second < reader && it->second > best_i && ggml_are_same_shape(cand, src) && cand->type == src->type) {
                 best = cand;
                 best_i = it->second;
@@ -232,7 +236,7 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
 
     g.nodes.resize(n_nodes);
     for (int i = 0; i < n_nodes; ++i) {
-        ggml_tensor * node = ggml_graph_node(gf, i);
+        ggml_tensor * node = built[i];
         oallama_graph_tensor & out = g.nodes[i];
         fill_tensor(out, node);
         out.backend = backend_device(ggml_backend_sched_get_tensor_backend(sched, node));
@@ -304,10 +308,7 @@ std::vector<oallama_memory_use> oallama_context_memory(llama_context * ctx) {
     for (const auto & [buft, mb] : llama_get_memory_breakdown(ctx)) {
         oallama_memory_use u;
         u.buffer_type = ggml_backend_buft_name(buft);
-        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
-        if (dev == nullptr && ggml_backend_buft_is_host(buft)) {
-            dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-        }
+        ggml_backend_dev_t dev = oallama_buffer_type_get_device(buft);  // pinned host types: the CPU
         u.device  = dev ? oallama_device_get_name(dev) : "";
         u.model   = mb.model;
         u.context = mb.context;

@@ -26,13 +26,9 @@ std::vector<oallama_tensor_info> oallama_model_get_tensors(const llama_model * m
         if (t->buffer != nullptr) {
             ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t->buffer);
             info.buffer_type = ggml_backend_buft_name(buft);
-            ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
             info.is_host = ggml_backend_buffer_is_host(t->buffer);
-            if (dev == nullptr && info.is_host) {
-                // buffers wrapping mmap'd file data ("CPU_Mapped") carry no device: they are
-                // host memory, which ggml serves with the CPU device
-                dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-            }
+            // host memory (mmap'd file data, a GPU's pinned host type) counts as the CPU's
+            ggml_backend_dev_t dev = oallama_buffer_type_get_device(buft);
             info.device = dev ? oallama_device_get_name(dev) : "";
         }
         out.push_back(std::move(info));

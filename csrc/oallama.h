@@ -82,6 +82,7 @@ struct oallama_device_info {
     std::string          backend;      // registry name: "CPU", "CUDA", "RPC"
     oallama_device_kind  kind;
     std::string          buffer_type;  // name of the device's default buffer type
+    std::string          host_buffer_type; // its pinned host buffer type ("CUDA_Host"), "" if none
     size_t               memory_free;  // bytes; 0 when not queried
     size_t               memory_total; // bytes; 0 when not queried
 };
@@ -92,6 +93,12 @@ std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory);
 
 // oallama name of a device (see the header comment).
 std::string oallama_device_get_name(ggml_backend_dev_t dev);
+
+// The device whose memory a buffer type allocates from. Host buffer types count as the CPU's,
+// whatever device they belong to: a GPU backend's pinned host type ("CUDA_Host", "Vulkan_Host")
+// is host memory (llama.cpp puts host weights and the CPU compute buffer there when a GPU-class
+// device is present), and mmap'd file data ("CPU_Mapped") has no device at all. NULL if none.
+ggml_backend_dev_t oallama_buffer_type_get_device(ggml_backend_buffer_type_t buft);
 
 // Device by oallama name or by ggml name; throws std::runtime_error listing the known devices.
 ggml_backend_dev_t oallama_device_by_name(const std::string & name);
@@ -207,11 +214,14 @@ struct oallama_timing {
     std::string         buffer_type;  // where the measured tensor lived
 };
 
-// MUL_MAT of a weight [k, m] of `wtype` (in the buffer type a real load would pick; CPU: the
-// repacked layouts when use_extra_bufts) by an f32 activation [k, n], for each n in ns.
+// MUL_MAT of a weight [k, m] of `wtype` (in the buffer type a real load would pick) by an f32
+// activation [k, n], for each n in ns. On the CPU that is, as in llama.cpp's loader: the pinned
+// host buffer type of `host_of` when it names a GPU-class device of the load (CUDA_Host,
+// Vulkan_Host: plain layout), else the repacked layouts when use_extra_bufts, else plain memory.
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
-                                                    int repeats, bool use_extra_bufts);
+                                                    int repeats, bool use_extra_bufts,
+                                                    const std::string & host_of = "");
 // Copying `bytes` between host memory and the device (host_to_device or back), synchronised.
 oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
 // The fixed cost of running one tiny graph on the device and waiting for it.

@@ -45,9 +45,17 @@ static backend_ptr init_backend(ggml_backend_dev_t dev, int n_threads) {
     return be;
 }
 
-// The buffer type llama.cpp's loader would give this weight on `dev`: the first of the device's
-// extra buffer types (CPU: repacked layouts) that supports the op, else the default one.
-static ggml_backend_buffer_type_t weight_buffer_type(ggml_backend_dev_t dev, ggml_tensor * w, bool use_extra_bufts) {
+// The buffer type llama.cpp's loader would give this weight on `dev` (make_cpu_buft_list): on the
+// CPU, the pinned host type of the load's first GPU-class device (`host_dev`) when it has one;
+// else the first of the device's extra buffer types (CPU: repacked layouts) that supports the op;
+// else the default one.
+static ggml_backend_buffer_type_t weight_buffer_type(ggml_backend_dev_t dev, ggml_tensor * w, bool use_extra_bufts,
+                                                     ggml_backend_dev_t host_dev) {
+    if (host_dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        if (ggml_backend_buffer_type_t hbt = ggml_backend_dev_host_buffer_type(host_dev)) {
+            return hbt;
+        }
+    }
     if (use_extra_bufts) {
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
         auto get_extra = reg ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts")
@@ -144,7 +152,8 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev,
 
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
-                                                    int repeats, bool use_extra_bufts) {
+                                                    int repeats, bool use_extra_bufts,
+                                                    const std::string & host_of) {
     oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
@@ -158,7 +167,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
     // the weight, allocated once in the buffer type a real load would use
     ctx_ptr wctx = new_ctx(1);
     ggml_tensor * w = ggml_new_tensor_2d(wctx.get(), wtype, k, m);
-    ggml_backend_buffer_type_t buft = weight_buffer_type(dev, w, use_extra_bufts);
+    ggml_backend_dev_t host_dev = host_of.empty() ? nullptr : oallama_device_by_name(host_of);
+    ggml_backend_buffer_type_t buft = weight_buffer_type(dev, w, use_extra_bufts, host_dev);
     buffer_ptr wbuf(ggml_backend_alloc_ctx_tensors_from_buft(wctx.get(), buft));
     if (!wbuf) {
         throw std::runtime_error("profile: could not allocate " + what + " on " + device);

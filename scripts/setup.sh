@@ -3,6 +3,8 @@
 # Re-running reuses the venv, the fetched tree and the build directory (and ccache when present);
 # when nothing that feeds the build changed, it skips the build altogether.
 #   OALLAMA_CUDA=ON scripts/setup.sh     also build ggml-cuda (needs nvcc)
+#   OALLAMA_VULKAN=ON scripts/setup.sh   also build ggml-vulkan (installs Debian's Vulkan packages as root);
+#                                        on Mesa's software GPU set GGML_VK_VISIBLE_DEVICES=0 to see it
 #   PYTHON=python3.12 scripts/setup.sh   choose the interpreter for .venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +28,20 @@ if [ ! -f "$deps_stamp" ] || [ "$(cat "$deps_stamp")" != "$want_deps" ]; then
     echo "$want_deps" > "$deps_stamp"
 fi
 
+if [ "${OALLAMA_VULKAN:-OFF}" = ON ]; then
+    vk_pkgs="libvulkan-dev glslc spirv-headers mesa-vulkan-drivers"
+    # shellcheck disable=SC2086
+    if ! dpkg -s $vk_pkgs >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            step "installing Vulkan build packages: $vk_pkgs"
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $vk_pkgs >/dev/null
+        elif ! command -v glslc >/dev/null; then
+            echo "setup: OALLAMA_VULKAN=ON needs: apt-get install $vk_pkgs (or your system's Vulkan SDK)" >&2
+            exit 1
+        fi
+    fi
+fi
+
 step "fetching the pinned llama.cpp"
 python scripts/fetch_llama.py
 
@@ -45,7 +61,7 @@ build_inputs() {
     cat CMakeLists.txt pyproject.toml third_party/llama.cpp/src/.oallama-stamp
     find csrc -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) \
         | sort | xargs cat
-    echo "cuda=${OALLAMA_CUDA:-OFF} kernels=${OALLAMA_KERNELS:-OFF} tools=${OALLAMA_TOOLS:-ON}"
+    echo "cuda=${OALLAMA_CUDA:-OFF} vulkan=${OALLAMA_VULKAN:-OFF} kernels=${OALLAMA_KERNELS:-OFF} tools=${OALLAMA_TOOLS:-ON}"
 }
 build_stamp=.venv/.oallama-build
 want_build=$(build_inputs | sha256sum | cut -d' ' -f1)

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 llama_cpp_commit: str  # the pinned llama.cpp commit the libraries were built from
 have_cuda: bool  # built with OALLAMA_CUDA=ON
+have_vulkan: bool  # built with OALLAMA_VULKAN=ON
 
 def backend_init() -> None: ...
 
@@ -38,6 +39,9 @@ class Device:
         """cpu | gpu | igpu | accel | rpc | other"""
     @property
     def buffer_type(self) -> str: ...
+    @property
+    def host_buffer_type(self) -> str:
+        """its pinned host buffer type ("CUDA_Host", "Vulkan_Host"); "" if none"""
     @property
     def memory_free(self) -> int:
         """bytes; 0 when not queried"""
@@ -215,8 +219,8 @@ def get_offload_policy(context: Context) -> dict[str, int]: ...
 
 # --- profiling (profile.cpp) -----------------------------------------------------------------
 def profile_mul_mat(device: str, type: str, k: int, m: int, ns: Sequence[int], n_threads: int, warmup: int = 2,
-                    repeats: int = 5, use_extra_bufts: bool = True) -> list[Timing]:
-    """One Timing per n in ns."""
+                    repeats: int = 5, use_extra_bufts: bool = True, host_of: str = "") -> list[Timing]:
+    """One Timing per n in ns (CPU: the weight in host_of's pinned host buffer type when named)."""
 def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2, repeats: int = 5) -> Timing: ...
 def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5) -> Timing: ...
 

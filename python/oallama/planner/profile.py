@@ -252,6 +252,9 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     info: dict[str, dict[str, Any]] = {}
     total = len(sigs) * len(devs)
     done = 0
+    # with a GPU-class device in the load, llama.cpp keeps host weights in its pinned host buffer
+    # type (plain layout), ahead of the repacked ones: time the CPU's ops in that memory
+    host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
     for d in devs:
         threads = settings.threads if d.is_host else 1
         launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
@@ -262,7 +265,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             cols = sorted(ns)
             try:
                 res = _core.profile_mul_mat(d.name, wtype, shape[0], shape[1], cols, threads, warmup, repeats,
-                                            settings.repack)
+                                            settings.repack, host_of)
             except RuntimeError as e:
                 raise ProfileError(str(e)) from None
             for n, r in zip(cols, res, strict=True):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .. import _core
 from ..errors import RpcServerError, UnknownDeviceError
@@ -35,6 +35,7 @@ class Device:
     buffer_type: str
     memory_free: int  # bytes (0 for RPC devices unless queried)
     memory_total: int  # bytes
+    host_buffer_type: str = ""  # pinned host buffer type ("CUDA_Host", "Vulkan_Host"); "" if none
 
     @staticmethod
     def from_native(d: _core.Device) -> Device:
@@ -80,7 +81,7 @@ def _with_memory(d: Device) -> Device:
     except RpcServerError:
         return d
     free, total = _core.device_memory(d.name)
-    return Device(d.name, d.ggml_name, d.description, d.backend, d.kind, d.buffer_type, int(free), int(total))
+    return replace(d, memory_free=int(free), memory_total=int(total))
 
 
 def device_memory(name: str) -> tuple[int, int]:

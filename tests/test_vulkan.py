@@ -1,0 +1,172 @@
+"""The whole flow on a GPU-class backend: ggml's Vulkan backend, here on Mesa's software GPU.
+
+Vulkan has what RPC lacks — a pinned host buffer type, `offload_op`, ops it does not support and
+its own device memory report — so these tests run the planner's and the placer's GPU branches.
+Timings on the software GPU say nothing about GPU speed; the tests check behaviour only.
+
+ggml-vulkan only lists CPU-type Vulkan devices (lavapipe) that GGML_VK_VISIBLE_DEVICES names, and
+reads it once per process: scripts/test.sh runs this file in its own pytest process with it set
+(`-m vulkan`), and every other test sees no Vulkan device.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oallama import Llama, _core
+from oallama.planner.graph import GraphSession
+from oallama.planner.plan import STRATEGIES, Workload, build_context, make_plan
+from oallama.planner.profile import profile_model
+from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.runtime import devices
+from oallama.runtime.place import compile_patterns
+
+pytestmark = pytest.mark.vulkan
+
+
+def _vulkan_device() -> devices.Device | None:
+    return next((d for d in devices.list_devices() if d.backend == "Vulkan"), None)
+
+
+@pytest.fixture(scope="module")
+def vk() -> str:
+    if not _core.have_vulkan:
+        pytest.skip("built without Vulkan (OALLAMA_VULKAN=ON bash scripts/setup.sh)")
+    dev = _vulkan_device()
+    if dev is None:
+        pytest.skip("no Vulkan device visible (set GGML_VK_VISIBLE_DEVICES=0 for Mesa's software GPU)")
+    return dev.name
+
+
+@pytest.fixture(scope="module")
+def tiny_f16(synth_model) -> Path:
+    return synth_model("tiny", "f16", n_layer=2)
+
+
+def _nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a - b) ** 2).sum() / (b**2).sum())
+
+
+PROMPT = b"Once upon a time, in a land far away, there lived" * 2
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(tiny_f16: Path):
+    # devices=["CPU"]: no Vulkan device in the load at all, weights in plain host memory
+    llm = Llama(str(tiny_f16), devices=["CPU"], n_ctx=256, n_ubatch=64, n_threads=1, verbose=False, logits_all=True)
+    prompt = llm.tokenize(PROMPT)
+    llm.eval(prompt)
+    ref = np.array(llm.scores[: len(prompt)])
+    text = llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"]
+    llm.close()
+    return prompt, ref, text
+
+
+def test_vulkan_device_is_listed_with_its_memory(vk: str) -> None:
+    dev = devices.resolve(vk)
+    assert dev.kind in ("gpu", "igpu") and not dev.is_host
+    assert dev.memory_total > 0 and 0 < dev.memory_free <= dev.memory_total
+
+
+def test_hand_placement_reads_back_and_matches_cpu(vk: str, tiny_f16: Path, cpu_reference) -> None:
+    prompt, ref, text = cpu_reference
+    llm0 = Llama(str(tiny_f16), devices=["CPU"], n_ctx=256, verbose=False)
+    names = [t.name for t in llm0.tensor_placements() if len(t.shape) > 1]
+    llm0.close()
+    rng = random.Random(7)
+    placement = {n: vk for n in names if rng.random() < 0.5}
+    llm = Llama(str(tiny_f16), devices=["CPU", vk], placement=placement, n_ctx=256, n_ubatch=64, n_threads=1,
+                verbose=False, logits_all=True)
+    got = llm.tensor_devices()
+    assert {n for n, d in got.items() if d == vk} == set(placement)
+    llm.eval(prompt)
+    assert _nmse(np.array(llm.scores[: len(prompt)]), ref) < 1e-4
+    llm.reset()
+    assert llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"] == text
+    llm.close()
+
+
+def test_pinned_host_weights_count_as_host_memory(vk: str, tiny_f16: Path) -> None:
+    # with a GPU-class device in the load, llama.cpp keeps host weights in that device's pinned
+    # host buffer type: host memory, which the readback and the memory accounting give the CPU
+    llm = Llama(str(tiny_f16), devices=["CPU", vk], placement={"output.weight": vk}, n_ctx=256, verbose=False)
+    host = [t for t in llm.tensor_placements() if t.name != "output.weight"]
+    pinned = [t for t in host if t.buffer_type != "CPU" and t.is_host]
+    assert pinned, "expected host weights in the Vulkan device's pinned host buffer type"
+    assert {t.device for t in host} == {"CPU"}
+    assert llm.tensor_devices()["output.weight"] == vk
+    weights_on_vk = sum(t.nbytes for t in llm.tensor_placements() if t.device == vk)
+    llm.close()
+    with GraphSession(tiny_f16, devices=[vk], n_ctx=256, n_ubatch=64,
+                      overrides=compile_patterns({"output.weight": vk})) as s:
+        mem = s.memory()
+    by_dev: dict[str, int] = {}
+    for m in mem:
+        by_dev[m.device] = by_dev.get(m.device, 0) + m.model  # bytes of weights
+    assert by_dev.get(vk, 0) == weights_on_vk
+
+
+@pytest.mark.parametrize("n_tokens", [1, 40])
+def test_sched_model_matches_the_real_scheduler_on_vulkan(vk: str, synth_model, n_tokens: int) -> None:
+    # Vulkan has its own offload_op: host weights are streamed at its default threshold when no
+    # policy names them, and at per-weight thresholds (patch 0001) when one does
+    path = synth_model("tiny", "q4_k_m", n_layer=2)
+    kw = {"devices": [vk], "n_ctx": 256, "n_ubatch": 64}
+    with GraphSession(path, **kw) as s:
+        base = s.graph(n_tokens)
+    with GraphSession(path, n_gpu_layers=3, **kw) as s:
+        full = s.graph(n_tokens)
+    pm = PassModel(base, None, vk, n_layer=2, full_graph=full)
+    weights = sorted(pm.weights)
+    rng = random.Random(f"vulkan-{n_tokens}")
+    for trial in range(6):
+        on = frozenset(w for w in weights if rng.random() < 0.5)
+        policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
+        p = Placement(on, [0, 1, 2][trial % 3], policy)
+        assign = {w: (vk if w in on else HOST) for w in weights}
+        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
+                          n_gpu_layers=p.n_gpu_layers, **kw) as s:
+            real = s.graph(n_tokens)
+        model_dev = pm.assign(p)
+        wrong = [(real.nodes[i].name, real.nodes[i].op, real.nodes[i].backend) for i in pm.order
+                 if (real.nodes[i].backend == vk) != model_dev[i]]
+        assert not wrong, f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}"
+
+
+WORKLOAD = Workload(prompt=40, gen=8, objective="e2e", n_ubatch=64)
+
+
+@pytest.fixture(scope="module")
+def vk_ctx(vk: str, tiny_f16: Path):
+    prof = profile_model(tiny_f16, [HOST, vk], threads=1, repeats=2, progress=False)
+    return build_context(tiny_f16, vk, WORKLOAD, profile=prof, threads=1, progress=False)
+
+
+def test_cpu_ops_are_profiled_in_the_pinned_host_memory_a_load_uses(vk: str, vk_ctx) -> None:
+    # llama.cpp's loader puts host weights in the GPU-class device's pinned host buffer type ahead
+    # of the repacked layouts: the profile must time the CPU's ops there, not in CPU_REPACK
+    pinned = devices.resolve(vk).host_buffer_type
+    assert pinned
+    assert {s["buffer_type"] for s in vk_ctx.profile.ops[HOST].values()} == {pinned}
+    assert {s["buffer_type"] for s in vk_ctx.profile.ops[vk].values()} == {devices.resolve(vk).buffer_type}
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "fit", "flexgen"])
+def test_flow_on_vulkan_matches_cpu(strategy: str, vk: str, tiny_f16: Path, vk_ctx, cpu_reference) -> None:
+    prompt, ref, text = cpu_reference
+    plan = make_plan(vk_ctx, strategy, "60%")
+    assert plan.memory["total"] <= int(0.6 * vk_ctx.model.weight_bytes) + 1
+    llm = Llama(str(tiny_f16), gpu_budget="60%", placement=strategy, device=vk, workload=WORKLOAD,
+                profile=vk_ctx.profile, n_ctx=256, n_ubatch=64, n_threads=1, verbose=False, logits_all=True)
+    assert llm.plan is not None
+    on_acc = {w for w, d in llm.plan["placement"].items() if d == vk}
+    assert {w for w, d in llm.tensor_devices().items() if d == vk} == on_acc
+    llm.eval(prompt)
+    assert _nmse(np.array(llm.scores[: len(prompt)]), ref) < 1e-4
+    llm.reset()
+    assert llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"] == text
+    llm.close()
