@@ -37,3 +37,38 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials: int = 6) -> list[str]:
+    """Random placements of a 2-layer model's weights, KV layers and per-weight streaming thresholds
+    on `acc`: the scheduler model's node -> device assignment against ggml's real scheduler. Returns
+    one line per trial that disagreed (empty: the model is the scheduler, node for node)."""
+    import random
+
+    from oallama.planner.graph import GraphSession
+    from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
+    from oallama.runtime.place import compile_patterns
+
+    kw = {"devices": [acc], "n_ctx": 256, "n_ubatch": 64}
+    with GraphSession(path, **kw) as s:
+        base = s.graph(n_tokens)
+    with GraphSession(path, n_gpu_layers=3, **kw) as s:
+        full = s.graph(n_tokens)
+    pm = PassModel(base, None, acc, n_layer=2, full_graph=full)
+    weights = sorted(pm.weights)
+    rng = random.Random(seed)
+    out = []
+    for trial in range(trials):
+        on = frozenset(w for w in weights if rng.random() < 0.5)
+        policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
+        p = Placement(on, [0, 1, 2][trial % 3], policy)
+        assign = {w: (acc if w in on else HOST) for w in weights}
+        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
+                          n_gpu_layers=p.n_gpu_layers, **kw) as s:
+            real = s.graph(n_tokens)
+        model_dev = pm.assign(p)
+        wrong = [(real.nodes[i].name, real.nodes[i].op, real.nodes[i].backend) for i in pm.order
+                 if (real.nodes[i].backend == acc) != model_dev[i]]
+        if wrong:
+            out.append(f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}")
+    return out

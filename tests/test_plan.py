@@ -8,15 +8,14 @@ import contextlib
 import copy
 import itertools
 import json
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import sched_model_mismatches
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner import optimal
-from oallama.planner.graph import GraphSession
 from oallama.planner.plan import (
     STRATEGIES,
     Workload,
@@ -26,9 +25,8 @@ from oallama.planner.plan import (
     parse_budget,
 )
 from oallama.planner.profile import Profile
-from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.planner.schedmodel import HOST, NEVER, Placement
 from oallama.runtime import devices, rpc
-from oallama.runtime.place import compile_patterns
 
 GiB, MiB = 2**30, 2**20
 
@@ -83,28 +81,9 @@ def shape_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("model", ["tiny-f16", "tiny-q4_k_m", "qwq-32b-q4_k_m", "minicpm3-4b-q4_k_m"])
 def test_sched_model_matches_the_real_scheduler(shape_models: dict[str, Path], rpc_server: rpc.RpcServer,
                                                 model: str, n_tokens: int) -> None:
-    path, acc = shape_models[model], rpc_server.device_name
+    acc = rpc_server.device_name
     devices.resolve(acc)
-    kw = {"devices": [acc], "n_ctx": 256, "n_ubatch": 64}
-    with GraphSession(path, **kw) as s:
-        base = s.graph(n_tokens)
-    with GraphSession(path, n_gpu_layers=3, **kw) as s:
-        full = s.graph(n_tokens)
-    pm = PassModel(base, None, acc, n_layer=2, full_graph=full)
-    weights = sorted(pm.weights)
-    rng = random.Random(f"{model}-{n_tokens}")
-    for trial in range(6):
-        on = frozenset(w for w in weights if rng.random() < 0.5)
-        policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
-        p = Placement(on, [0, 1, 2][trial % 3], policy)
-        assign = {w: (acc if w in on else HOST) for w in weights}
-        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
-                          n_gpu_layers=p.n_gpu_layers, **kw) as s:
-            real = s.graph(n_tokens)
-        model_dev = pm.assign(p)
-        wrong = [(real.nodes[i].name, real.nodes[i].op, real.nodes[i].backend) for i in pm.order
-                 if (real.nodes[i].backend == acc) != model_dev[i]]
-        assert not wrong, f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}"
+    assert not sched_model_mismatches(shape_models[model], acc, n_tokens, f"{model}-{n_tokens}")
 
 
 # --- planning contexts --------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import sched_model_mismatches
 from oallama import Llama, _core
 from oallama.planner.graph import GraphSession
 from oallama.planner.plan import STRATEGIES, Workload, build_context, make_plan
 from oallama.planner.profile import profile_model
-from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.planner.schedmodel import HOST
 from oallama.runtime import devices
 from oallama.runtime.place import compile_patterns
 
@@ -114,27 +115,7 @@ def test_pinned_host_weights_count_as_host_memory(vk: str, tiny_f16: Path) -> No
 def test_sched_model_matches_the_real_scheduler_on_vulkan(vk: str, synth_model, n_tokens: int) -> None:
     # Vulkan has its own offload_op: host weights are streamed at its default threshold when no
     # policy names them, and at per-weight thresholds (patch 0001) when one does
-    path = synth_model("tiny", "q4_k_m", n_layer=2)
-    kw = {"devices": [vk], "n_ctx": 256, "n_ubatch": 64}
-    with GraphSession(path, **kw) as s:
-        base = s.graph(n_tokens)
-    with GraphSession(path, n_gpu_layers=3, **kw) as s:
-        full = s.graph(n_tokens)
-    pm = PassModel(base, None, vk, n_layer=2, full_graph=full)
-    weights = sorted(pm.weights)
-    rng = random.Random(f"vulkan-{n_tokens}")
-    for trial in range(6):
-        on = frozenset(w for w in weights if rng.random() < 0.5)
-        policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
-        p = Placement(on, [0, 1, 2][trial % 3], policy)
-        assign = {w: (vk if w in on else HOST) for w in weights}
-        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
-                          n_gpu_layers=p.n_gpu_layers, **kw) as s:
-            real = s.graph(n_tokens)
-        model_dev = pm.assign(p)
-        wrong = [(real.nodes[i].name, real.nodes[i].op, real.nodes[i].backend) for i in pm.order
-                 if (real.nodes[i].backend == vk) != model_dev[i]]
-        assert not wrong, f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}"
+    assert not sched_model_mismatches(synth_model("tiny", "q4_k_m", n_layer=2), vk, n_tokens, f"vulkan-{n_tokens}")
 
 
 WORKLOAD = Workload(prompt=40, gen=8, objective="e2e", n_ubatch=64)
