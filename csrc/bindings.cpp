@@ -137,6 +137,33 @@ private:
 using Context = borrowed<llama_context>;
 using Model   = borrowed<const llama_model>;
 
+// oallama_node_timer owned by Python; it keeps the context's owner alive and uninstalls itself
+class NodeTimer {
+public:
+    explicit NodeTimer(Context context) : context_(std::move(context)) { tm_ = oallama_node_timer_init(context_.get()); }
+    ~NodeTimer() { close(); }
+    NodeTimer(const NodeTimer &) = delete;
+    NodeTimer & operator=(const NodeTimer &) = delete;
+    void reset(const std::vector<int32_t> & stop_at) { oallama_node_timer_reset(live(), stop_at); }
+    std::vector<oallama_node_time> times() const { return oallama_node_timer_get_times(live()); }
+    void close() {
+        if (tm_ != nullptr) {
+            oallama_node_timer_free(tm_, !context_.closed());
+            tm_ = nullptr;
+        }
+    }
+    bool closed() const { return tm_ == nullptr; }
+private:
+    oallama_node_timer * live() const {
+        if (tm_ == nullptr || context_.closed()) {
+            throw oallama_closed_error("NodeTimer: closed, or its context was closed");
+        }
+        return tm_;
+    }
+    Context              context_;
+    oallama_node_timer * tm_ = nullptr;
+};
+
 template <typename T>
 static void oallama_bind_borrowed(py::module_ & m, const char * doc) {
     py::class_<borrowed<T>>(m, borrowed_traits<T>::py_name, doc)
@@ -231,6 +258,22 @@ static void oallama_bind_structs(py::module_ & m) {
     py::class_<oallama_timing>(m, "Timing", "One measurement (oallama_timing).")
         .def_readonly("samples_us", &oallama_timing::samples_us, "us, one per repeat, after warm-up")
         .def_readonly("buffer_type", &oallama_timing::buffer_type, "where the measured tensor lived");
+
+    using N = oallama_node_time;
+    py::class_<N>(m, "NodeTime", "One scheduled node of a timed decode (oallama_node_time).")
+        .def_readonly("index", &N::index, "position in execution order")
+        .def_readonly("name", &N::name)
+        .def_readonly("op", &N::op)
+        .def_readonly("ne", &N::ne)
+        .def_readonly("nbytes", &N::nbytes, "bytes of the result")
+        .def_readonly("src_ne", &N::src_ne, "shapes of its sources")
+        .def_readonly("src_bytes", &N::src_bytes, "bytes of all its sources")
+        .def_readonly("weight_type", &N::weight_type, "ggml type of its first source if a model weight, else ''")
+        .def_readonly("device", &N::device, "device the scheduler ran it on")
+        .def_readonly("start_us", &N::start_us, "us (steady clock) when the scheduler reached it")
+        .def_readonly("done_us", &N::done_us, "us when its range finished, synchronised; -1: not a stop")
+        .def_readonly("range_us", &N::range_us, "us from its range's start to done_us; -1: not a stop")
+        .def("__repr__", [](const N & n) { return "<oallama._core.NodeTime " + n.name + " " + n.op + ">"; });
 
     using F = oallama_fit_result;
     py::class_<F>(m, "FitResult", "llama.cpp's automatic fit (oallama_fit_result).")
@@ -398,6 +441,18 @@ PYBIND11_MODULE(_core, m) {
         return oallama_context_get_offload_policy(context.get());
     }, py::arg("context"), "Per-weight op offload min batch in effect, read from the context's scheduler.");
 
+    py::class_<NodeTimer>(m, "NodeTimer",
+        "Times a context's real graph (the scheduler's eval callback): node by node, or in ranges\n"
+        "that end at chosen nodes (e.g. split ends). Installed until close(); one per context.")
+        .def(py::init<Context>(), py::arg("context"))
+        .def("reset", &NodeTimer::reset, py::arg("stop_at") = std::vector<int32_t>{},
+             "Clear the times; synchronise after these node positions only (empty: after every node).")
+        .def("times", &NodeTimer::times, "The nodes of the decodes since the last reset, in execution order.")
+        .def("close", &NodeTimer::close, "Uninstall from the context (idempotent).")
+        .def_property_readonly("closed", &NodeTimer::closed)
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](NodeTimer & t, py::args) { t.close(); });
+
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
                                 bool use_extra_bufts, const std::string & host_of) {
@@ -422,10 +477,34 @@ PYBIND11_MODULE(_core, m) {
         return oallama_profile_copy(device, bytes, host_to_device, warmup, repeats);
     }, py::arg("device"), py::arg("bytes"), py::arg("host_to_device"), py::arg("warmup") = 2, py::arg("repeats") = 5);
 
-    m.def("profile_launch", [](const std::string & device, int n_threads, int warmup, int repeats) {
+    m.def("profile_launch", [](const std::string & device, int n_threads, int warmup, int repeats, bool wait) {
         py::gil_scoped_release release;
-        return oallama_profile_launch(device, n_threads, warmup, repeats);
-    }, py::arg("device"), py::arg("n_threads"), py::arg("warmup") = 2, py::arg("repeats") = 5);
+        return oallama_profile_launch(device, n_threads, warmup, repeats, wait);
+    }, py::arg("device"), py::arg("n_threads"), py::arg("warmup") = 2, py::arg("repeats") = 5,
+       py::arg("wait") = true, "One tiny graph on the device: waited for (wait) or only handed over.");
+
+    // MUL_MAT_ID (mixture of experts): expert weights [k, m, n_expert] routed to n_active experts
+    m.def("profile_mul_mat_id", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
+                                   int64_t n_expert, int64_t n_expert_used, const std::vector<int64_t> & ns,
+                                   const std::vector<int64_t> & n_active, int n_threads, int warmup, int repeats,
+                                   bool use_extra_bufts, const std::string & host_of) {
+        ggml_type t = GGML_TYPE_COUNT;
+        for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+            if (ggml_get_type_traits((ggml_type) i)->type_name && wtype == ggml_type_name((ggml_type) i)) {
+                t = (ggml_type) i;
+            }
+        }
+        if (t == GGML_TYPE_COUNT) {
+            throw std::runtime_error("unknown ggml type '" + wtype + "'");
+        }
+        py::gil_scoped_release release;
+        return oallama_profile_mul_mat_id(device, t, k, m, n_expert, n_expert_used, ns, n_active, n_threads, warmup,
+                                          repeats, use_extra_bufts, host_of);
+    }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("n_expert"), py::arg("n_expert_used"),
+       py::arg("ns"), py::arg("n_active") = std::vector<int64_t>(), py::arg("n_threads") = 1, py::arg("warmup") = 2,
+       py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "",
+       "MUL_MAT_ID of expert weights [k, m, n_expert] by f32 activations [k, n_expert_used, n], one Timing per n\n"
+       "in ns; n_active[i]: distinct experts routed to (default min(n_expert, n * n_expert_used)).");
 
     m.def("arch_is_supported", &oallama_arch_is_supported, py::arg("arch"));
 

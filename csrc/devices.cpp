@@ -8,7 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 
-static bool is_rpc_device(ggml_backend_dev_t dev) {
+bool oallama_device_is_rpc(ggml_backend_dev_t dev) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     return reg != nullptr && std::string(ggml_backend_reg_name(reg)).rfind("RPC", 0) == 0;
 }
@@ -46,7 +46,7 @@ ggml_backend_dev_t oallama_buffer_type_get_device(ggml_backend_buffer_type_t buf
 }
 
 std::string oallama_device_get_name(ggml_backend_dev_t dev) {
-    if (!is_rpc_device(dev)) {
+    if (!oallama_device_is_rpc(dev)) {
         return ggml_backend_dev_name(dev);
     }
     // an RPC device's description is its endpoint; its index is its position among the
@@ -57,7 +57,7 @@ std::string oallama_device_get_name(ggml_backend_dev_t dev) {
         if (d == dev) {
             break;
         }
-        if (is_rpc_device(d) && endpoint == ggml_backend_dev_description(d)) {
+        if (oallama_device_is_rpc(d) && endpoint == ggml_backend_dev_description(d)) {
             ++index;
         }
     }
@@ -69,7 +69,7 @@ std::string oallama_device_get_name(ggml_backend_dev_t dev) {
 }
 
 static oallama_device_kind device_kind(ggml_backend_dev_t dev) {
-    if (is_rpc_device(dev)) {
+    if (oallama_device_is_rpc(dev)) {
         return OALLAMA_DEVICE_KIND_RPC;
     }
     switch (ggml_backend_dev_type(dev)) {

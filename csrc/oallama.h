@@ -94,6 +94,10 @@ std::vector<oallama_device_info> oallama_devices_list(bool query_rpc_memory);
 // oallama name of a device (see the header comment).
 std::string oallama_device_get_name(ggml_backend_dev_t dev);
 
+// An rpc-server's device. Its backend's synchronize returns once the commands are sent: only a
+// read (a round trip the server answers after everything queued before it) waits for its work.
+bool oallama_device_is_rpc(ggml_backend_dev_t dev);
+
 // The device whose memory a buffer type allocates from. Host buffer types count as the CPU's,
 // whatever device they belong to: a GPU backend's pinned host type ("CUDA_Host", "Vulkan_Host")
 // is host memory (llama.cpp puts host weights and the CPU compute buffer there when a GPU-class
@@ -224,8 +228,65 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
                                                     const std::string & host_of = "");
 // Copying `bytes` between host memory and the device (host_to_device or back), synchronised.
 oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
-// The fixed cost of running one tiny graph on the device and waiting for it.
-oallama_timing oallama_profile_launch(const std::string & device, int n_threads, int warmup, int repeats);
+// The fixed cost of running one tiny graph on the device and waiting for it (wait = false: until
+// the backend's synchronize returns, which for an rpc-server means sent, not done). An op's
+// compute time is its profiled time less the waited launch; a split in a pass costs the other.
+// Copies to the device are timed the same way (handed over); copies back wait for the data.
+oallama_timing oallama_profile_launch(const std::string & device, int n_threads, int warmup, int repeats,
+                                      bool wait = true);
+
+// MUL_MAT_ID (mixture of experts) of expert weights [k, m, n_expert] of `wtype` (buffer type as
+// for oallama_profile_mul_mat, probed with a MUL_MAT_ID like the loader) by f32 activations
+// [k, n_expert_used, n] routed by ids [n_expert_used, n], for each n in ns. n_active[i] is the
+// number of distinct experts the routing of ns[i] tokens uses (spread evenly over the tokens'
+// n * n_expert_used slots); empty: min(n_expert, n * n_expert_used), every slot its own expert
+// as far as there are experts.
+std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & device, ggml_type wtype, int64_t k,
+                                                       int64_t m, int64_t n_expert, int64_t n_expert_used,
+                                                       const std::vector<int64_t> & ns,
+                                                       const std::vector<int64_t> & n_active, int n_threads,
+                                                       int warmup, int repeats, bool use_extra_bufts,
+                                                       const std::string & host_of = "");
+
+//
+// timing the real graph (timing.cpp)
+//
+// Usage: per-node times of one decode, then per-split times (no sync inside a split)
+//
+//     oallama_node_timer * tm = oallama_node_timer_init(ctx);   // installs the eval callback
+//     oallama_node_timer_reset(tm, {});                          // stop (sync) after every node
+//     llama_decode(ctx, batch);
+//     for (const oallama_node_time & r : oallama_node_timer_get_times(tm)) { ... r.range_us ... }
+//     oallama_node_timer_reset(tm, {last_index_of_each_split}); // stop at split ends only
+//     llama_decode(ctx, batch);
+//     oallama_node_timer_free(tm, true);                         // uninstalls it
+//
+
+struct oallama_node_time {
+    int32_t                index = 0;        // position in execution order (one per scheduled node)
+    std::string            name;
+    std::string            op;               // ggml_op_desc
+    std::array<int64_t, 4> ne = {0, 0, 0, 0};
+    size_t                 nbytes = 0;       // bytes of the result
+    std::vector<std::array<int64_t, 4>> src_ne;  // shapes of its sources, in order
+    size_t                 src_bytes = 0;    // bytes of all its sources
+    std::string            weight_type;      // ggml type of its first source when that is a model weight, else ""
+    std::string            device;           // device the scheduler ran it on
+    double                 start_us = 0.0;   // us (steady clock) when the scheduler reached it
+    double                 done_us = -1.0;   // us when its range finished (synchronised); -1: not a stop
+    double                 range_us = -1.0;  // us from the start of its range to done_us; -1: not a stop
+};
+
+struct oallama_node_timer;
+
+// Installs the timer on ctx (cparams.cb_eval and its scheduler): every decode then runs in ranges
+// that end at the stops, each synchronised. One timer per context; free it before the context.
+oallama_node_timer * oallama_node_timer_init(llama_context * ctx);
+// ctx_alive: uninstall from the context (false when the context is already freed).
+void oallama_node_timer_free(oallama_node_timer * timer, bool ctx_alive);
+// Clears the times; stop_at: node positions after which to synchronise (empty: after every node).
+void oallama_node_timer_reset(oallama_node_timer * timer, const std::vector<int32_t> & stop_at);
+const std::vector<oallama_node_time> & oallama_node_timer_get_times(const oallama_node_timer * timer);
 
 //
 // llama.cpp's automatic fit (fit.cpp, needs llama-common)

@@ -14,6 +14,10 @@
 #   --cpu  before the step: the same pipeline on a machine without a GPU (proves the script):
 #          no CUDA build (uses .venv), tiny + a 2-layer llama3-8b-shaped model, a loopback
 #          rpc-server as the accelerator, a reduced grid. Its timings only prove the harness.
+#   --vulkan  the --cpu pipeline with ggml's Vulkan backend as the accelerator (Vulkan0: Mesa's
+#          software GPU here, `OALLAMA_VULKAN=ON scripts/setup.sh`): the GPU-class code paths end
+#          to end, results in bench/results/<date>-<host>-vulkan. The software GPU is far slower
+#          than the CPU: its timings prove behaviour and predictions, never GPU speed.
 #
 # The GPU machine (see /work/.library/device/*.md) has CUDA 13 (nvcc), python3 3.12 with numpy,
 # matplotlib, psutil, scikit-build-core, pybind11, cmake and ninja, and NO internet and no
@@ -51,9 +55,11 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 CPU=0
+VULKAN=0
 if [ "${1:-}" = "--cpu" ]; then CPU=1; shift; fi
+if [ "${1:-}" = "--vulkan" ]; then CPU=1; VULKAN=1; shift; fi
 STEP=${1:-}
-[ -n "$STEP" ] || { sed -n '2,14p' "$0"; exit 2; }
+[ -n "$STEP" ] || { sed -n '2,18p' "$0"; exit 2; }
 shift
 MAX_MIN=9
 ARG=""
@@ -77,6 +83,7 @@ mkdir -p build
 README=${GPU_EVAL_README:-README.md}
 export OALLAMA_CACHE=${OALLAMA_CACHE:-$root/build/oallama-cache}  # profiles, kept with the results
 export PYTHONUNBUFFERED=1
+[ $VULKAN = 1 ] && export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}  # lists Mesa's software GPU
 
 say() { printf 'gpu_eval: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -96,6 +103,7 @@ THREADS_ARG=()
 [ -n "${GPU_EVAL_THREADS:-}" ] && THREADS_ARG=(--threads "$GPU_EVAL_THREADS")
 
 gpu_slug() {
+    if [ $VULKAN = 1 ]; then echo "$(hostname | tr 'A-Z' 'a-z' | tr -c 'a-z0-9\n' '-')-vulkan"; return; fi
     if [ $CPU = 1 ]; then hostname | tr 'A-Z' 'a-z' | tr -c 'a-z0-9\n' '-'; return; fi
     local name
     name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
@@ -108,6 +116,7 @@ out_dir() {
     if [ -n "${GPU_EVAL_OUT:-}" ]; then echo "$GPU_EVAL_OUT"; return; fi
     local keep=build/gpu-eval-outdir
     [ $CPU = 1 ] && keep=build/gpu-eval-outdir-cpu
+    [ $VULKAN = 1 ] && keep=build/gpu-eval-outdir-vulkan
     if [ ! -s "$keep" ]; then
         mkdir -p build
         echo "bench/results/$(date +%Y-%m-%d)-$(gpu_slug)" > "$keep"
@@ -149,6 +158,14 @@ step_pack() {
 
 # --- build (GPU) ----------------------------------------------------------------------------
 step_build() {
+    if [ $VULKAN = 1 ]; then
+        $PY -c "import oallama._core as c; assert c.have_vulkan" \
+            || die "the .venv build has no Vulkan backend: OALLAMA_VULKAN=ON scripts/setup.sh"
+        $PY -m oallama devices | grep -q '^Vulkan0' \
+            || die "no Vulkan0 device (Mesa's software GPU needs GGML_VK_VISIBLE_DEVICES=0; it is set here)"
+        say "--vulkan: using .venv's Vulkan build; accelerator Vulkan0 ($($PY -m oallama devices | grep '^Vulkan0' | tr -s ' '))"
+        return 0
+    fi
     if [ $CPU = 1 ]; then
         $PY -c "import oallama._core" || die "the .venv build is broken: scripts/setup.sh"
         say "--cpu: no CUDA build; using .venv ($($PY -c 'import oallama._core as c; print("cuda" if c.have_cuda else "cpu")') build)"
@@ -249,6 +266,20 @@ step_run() {
     local out; out=$(out_dir)
     mkdir -p "$out" || die "cannot create $out"
     local files=(); while read -r _ _ _ f; do [ -f "$f" ] || die "$f missing: run the synth step"; files+=("$f"); done < <(models)
+    if [ $VULKAN = 1 ]; then
+        local vk=(--device Vulkan0 --ubatch 64)
+        if [ "${GPU_EVAL_QUICK:-0}" = 1 ]; then
+            bench quick "${files[0]}" "${vk[@]}" --gpu-budget 75% --strategies layers,optimal --prompt 32 --gen 8 \
+                || return $?
+            return 0
+        fi
+        bench tiny "${files[0]}" "${vk[@]}" --gpu-budget 25%,50%,75% --prompt 32,128 --gen 32 --op-offload both \
+            || return $?
+        # the software GPU runs a 2-layer llama3-8b at well under a token per second: one workload
+        bench llama3-8b-2l "${files[1]}" "${vk[@]}" --gpu-budget 25%,50%,75% --strategies layers,fit,affinity,optimal \
+            --prompt 32 --gen 8 || return $?
+        return 0
+    fi
     if [ $CPU = 1 ]; then
         local rpc=(--rpc-local --ubatch 64)  # ubatch 64: the tiny model's compute buffers leave room for weights
         if [ "${GPU_EVAL_QUICK:-0}" = 1 ]; then
@@ -289,6 +320,7 @@ step_export() {
     [ -n "$dest" ] || die "export: name a tarball (or run where \$OUT is set)"
     [ -d "$dest" ] && dest=$dest/gpu-eval-results.tgz
     local keep=build/gpu-eval-outdir; [ $CPU = 1 ] && keep=build/gpu-eval-outdir-cpu
+    [ $VULKAN = 1 ] && keep=build/gpu-eval-outdir-vulkan
     tar czf "$dest" $( [ -d "$out" ] && echo "$out" ) $( [ -d build/oallama-cache ] && echo build/oallama-cache ) \
         $( [ -f "$keep" ] && echo "$keep" )
     say "exported $out and the profiles to $dest ($(du -h "$dest" | cut -f1))"

@@ -19,7 +19,7 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
-want_deps="scikit-build-core>=0.10 pybind11>=2.12 cmake>=3.21 ninja numpy>=1.26 gguf==0.19.0 highspy>=1.7 matplotlib>=3.7 psutil>=5.9 pytest>=8 ruff>=0.6 import-linter>=2.1 torch==2.13.0 uvicorn>=0.30 fastapi>=0.100.0 pydantic-settings>=2.0.1 sse-starlette>=3.7 starlette-context>=0.3.6,<0.4 PyYAML>=5.1 openai>=1.0"
+want_deps="scikit-build-core>=0.10 pybind11>=2.12 cmake>=3.21 ninja numpy>=1.26 gguf==0.19.0 highspy>=1.7 matplotlib>=3.7 psutil>=5.9 pytest>=8 ruff>=0.6 import-linter>=2.1 torch==2.13.0 uvicorn>=0.30 fastapi>=0.100.0 pydantic-settings>=2.0.1 sse-starlette>=3.7 starlette-context>=0.3.6,<0.4 PyYAML>=5.1 openai>=1.0 hypothesis>=6"
 deps_stamp=.venv/.oallama-deps
 if [ ! -f "$deps_stamp" ] || [ "$(cat "$deps_stamp")" != "$want_deps" ]; then
     step "installing Python dependencies"

@@ -6,6 +6,8 @@ import gc
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,4 +73,81 @@ def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials
                  if (real.nodes[i].backend == acc) != model_dev[i]]
         if wrong:
             out.append(f"trial {trial} ({p.kv_layers} kv layers): {wrong[:5]}")
+    return out
+
+
+# --- loading many (possibly hostile) model files in a child process -------------------------------
+
+_LOAD_WORKER = r"""
+import json, sys
+from oallama import Llama, OallamaError
+jobs = json.load(open(sys.argv[1]))
+kw = json.loads(sys.argv[2])
+def say(*row):
+    sys.stdout.write("@@" + json.dumps(row) + "\n")
+    sys.stdout.flush()
+for path, extra in jobs:
+    say("start", path)
+    try:
+        Llama(path, **kw, **extra).close()
+        say("ok", path, "", "", True)
+    except Exception as e:
+        say("error", path, type(e).__name__, str(e), isinstance(e, OallamaError))
+"""
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What `oallama.Llama(path)` did in a child process: "ok", "error" (a Python exception:
+    its class name, message, and whether it is an oallama error), "crash" (the process died:
+    message = its exit status and the end of its stderr) or "timeout"."""
+
+    kind: str
+    error: str = ""
+    message: str = ""
+    oallama: bool = True
+
+
+def load_batch(jobs: list[tuple[Path, dict[str, Any]]], timeout_s: float = 60.0,
+               **llama_kw: Any) -> dict[str, LoadOutcome]:
+    """Load every (path, extra Llama kwargs) in one child Python process (several when one dies:
+    the input that killed it is reported as a crash and the rest go on in a new one), so that a
+    native abort in llama.cpp cannot take the test process down. Keyed by str(path)."""
+    import json
+    import subprocess
+    import tempfile
+
+    kw = {"n_ctx": 64, "n_batch": 64, "n_threads": 1, "verbose": False, **llama_kw}
+    todo = [(str(p), extra) for p, extra in jobs]
+    out: dict[str, LoadOutcome] = {}
+    while todo:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(todo, f)
+        try:
+            proc = subprocess.run([sys.executable, "-c", _LOAD_WORKER, f.name, json.dumps(kw)], capture_output=True,
+                                  text=True, errors="replace", timeout=timeout_s)
+            rc, stdout, stderr, timed_out = proc.returncode, proc.stdout, proc.stderr, False
+        except subprocess.TimeoutExpired as e:
+            rc, timed_out = -1, True
+            stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        finally:
+            Path(f.name).unlink()
+        started = None
+        for line in stdout.splitlines():
+            if not line.startswith("@@"):
+                continue
+            row = json.loads(line[2:])
+            if row[0] == "start":
+                started = row[1]
+            else:
+                out[row[1]] = LoadOutcome(row[0], row[2], row[3], row[4])
+                started = None
+        if started is not None:  # the child died (or hung) on this input
+            tail = "\n".join(stderr.strip().splitlines()[-5:])
+            out[started] = LoadOutcome("timeout" if timed_out else "crash", "", f"exit status {rc}: {tail}", False)
+        remaining = [(p, extra) for p, extra in todo if p not in out]
+        if remaining and started is None:  # died before its first input: a broken environment
+            raise RuntimeError(f"load worker exited with {rc} before loading anything:\n{stderr[-2000:]}")
+        todo = remaining
     return out

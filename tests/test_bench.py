@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from oallama import cli
+from oallama.bench import accuracy as bench_accuracy
 from oallama.bench import harness as bench
 from oallama.bench import report as bench_report
 
@@ -180,3 +182,257 @@ def test_readme_section_is_replaced_between_markers(smoke: dict[str, Any], tmp_p
     again = readme.read_text()
     assert again.count(bench_report.README_BEGIN) == 1 and again.count("## Results") == 1
     assert "Intro, edited." in again and again.endswith("<!-- bench:end -->\n\n## Later\n\nMore.\n")
+
+
+# --- bookkeeping beside the measurements (issue 13) ---------------------------------------------
+
+
+def test_smoke_run_saves_profile_predictions_and_load(smoke: dict[str, Any]) -> None:
+    out = smoke["out"]
+    records = bench_report.read_records(out / "results.json")
+    by_cfg = bench_report.by_config(records)
+    # the profile every plan was costed with, saved beside the results and named in every record
+    keys = {r["profile_key"] for r in records}
+    assert len(keys) == 1 and all(keys)
+    (key,) = keys
+    prof = json.loads((out / "profiles" / f"{key}.json").read_text())
+    assert prof["key"].startswith(key) and prof["ops"]
+    # 1-minute load average at the start and end of every configuration
+    for r in records:
+        assert isinstance(r["load_avg_start"], float) and isinstance(r["load_avg_end"], float)
+        assert r["load_avg_start"] >= 0 and r["load_avg_end"] >= 0
+    # the whole prediction, per pass, for every configuration; the same passes as flat CSV rows
+    predicted = json.loads((out / "predicted.json").read_text())
+    assert set(predicted) == set(by_cfg)
+    for cid, pred in predicted.items():
+        assert pred["e2e_ms"] == pytest.approx(by_cfg[cid]["e2e_ms"]["predicted"])
+        assert "1" in pred["passes"] and "32" in pred["passes"]  # decode and the 32-token prompt
+        assert {"compute_ms", "copy_ms", "launch_ms", "splits"} <= set(pred["passes"]["1"])
+    with (out / "predicted_passes.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames[:8] == ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen",
+                                     "n_tokens"]
+    assert "compute_ms" in reader.fieldnames and "copy_bytes" in reader.fieldnames
+    assert len(rows) == sum(len(p["passes"]) for p in predicted.values())
+    for row in rows:
+        assert float(row["compute_ms"]) == pytest.approx(predicted[row["config_id"]]["passes"][row["n_tokens"]]
+                                                         ["compute_ms"])
+    # raw/ is not needed to commit these: they are small
+    assert sum(p.stat().st_size for p in [out / "predicted.json", out / "predicted_passes.csv",
+                                          *(out / "profiles").iterdir()]) < 1 << 20
+
+
+def test_summary_has_prediction_error_and_measured_winner(smoke: dict[str, Any]) -> None:
+    md = (smoke["out"] / "summary.md").read_text()
+    records = bench_report.read_records(smoke["out"] / "results.json")
+    assert "## Prediction error" in md
+    assert "| device | strategy | metric | configs | median | p90 | max |" in md
+    for series, n in (("layers", 1), ("optimal", 1), ("**all**", 2)):
+        for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            assert f"| rpc | {series} | {metric} | {n} |" in md, (series, metric)
+    # exactly one bold (winning) end-to-end time in the one (model, workload, budget) cell: the lowest
+    e2e = [r for r in records if r["metric"] == "e2e_ms"]
+    best = min(e2e, key=lambda r: r["median"])
+    assert re.findall(r"\*\*[\d.]+ ± [\d.]+\*\*", md) == [f"**{best['median']:.1f} ± {best['stddev']:.1f}**"]
+    assert "## Optimal against the best other strategy" in md
+
+
+def test_bench_report_prints_the_error_table(smoke: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(smoke["out"], out)
+    p = subprocess.run([sys.executable, "-m", "oallama", "bench-report", str(out), "--no-plots"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "## Prediction error" in p.stdout and "| rpc | **all** | ttft_ms |" in p.stdout
+    assert "predicted.json" in p.stdout and "predicted_passes.csv" in p.stdout
+
+
+def test_old_raw_results_still_aggregate(smoke: dict[str, Any], tmp_path: Path) -> None:
+    """Raw results of runs before profile_key, load averages, placement_key and the per-pass
+    prediction were recorded: records get None there, and what the plan file still in raw/ holds
+    (placement, profile, per-pass prediction) is filled in from it."""
+    out = tmp_path / "run"
+    shutil.copytree(smoke["out"], out, ignore=shutil.ignore_patterns("profiles", "*.png"))
+    for raw in (out / "raw").glob("*.json"):
+        if raw.name.count(".") != 1:
+            continue
+        doc = json.loads(raw.read_text())
+        for k in ("profile_key", "load_avg_start", "load_avg_end", "placement_key"):
+            doc.pop(k)
+        doc["plan"]["predicted"] = {k: doc["plan"]["predicted"][k] for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+        assert all(r["profile_key"] is None and r["load_avg_end"] is None
+                   for r in bench_report.records_from_raw(doc))
+        raw.write_text(json.dumps(doc))
+    bench_report.write_outputs(out, plots=False)
+    new = bench_report.read_records(out / "results.json")
+    old = bench_report.read_records(smoke["out"] / "results.json")
+    assert [(r["config_id"], r["metric"], r["placement_key"], r["profile_key"]) for r in new] == \
+        [(r["config_id"], r["metric"], r["placement_key"], r["profile_key"]) for r in old]
+    assert all(r["load_avg_start"] is None for r in new)
+    assert json.loads((out / "predicted.json").read_text()) == json.loads((smoke["out"] / "predicted.json").read_text())
+    # a CSV written before the new columns (they are the last ones) still reads
+    csv_old = out / "old.csv"
+    cols = bench_report.COLUMNS[:bench_report.COLUMNS.index("profile_key")]
+    with csv_old.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(old)
+    back = bench_report.read_records(csv_old)
+    assert len(back) == len(old) and "profile_key" not in back[0]
+    assert bench_accuracy.prediction_errors(back) == bench_accuracy.prediction_errors(old)
+
+
+def test_reprofile_measures_the_profile_afresh(smoke: dict[str, Any], tmp_path: Path) -> None:
+    (key,) = {r["profile_key"] for r in bench_report.read_records(smoke["out"] / "results.json")}
+    cached = json.loads((smoke["out"] / "profiles" / f"{key}.json").read_text())
+    out = tmp_path / "run"
+    rc, s, err = _bench(smoke["model"], out, "--strategies", "layers", "--reprofile")
+    assert rc == 0 and s["launched"] == 1, err[-3000:]
+    assert "--reprofile: measuring the profile" in err and "profile: reusing" not in err
+    (rec_key,) = {r["profile_key"] for r in bench_report.read_records(out / "results.json")}
+    assert rec_key == key  # same model, devices and settings: the same key, a new measurement
+    fresh = json.loads((out / "profiles" / f"{key}.json").read_text())
+    assert fresh["created"] > cached["created"]
+    # the plan was costed with it
+    (plan,) = (json.loads(p.read_text()) for p in (out / "raw").glob("*.plan.json"))
+    assert plan["profile"] == fresh["key"]
+    # saved again into a directory holding the other measurement under that key: both are kept
+    from oallama.bench import profiles as bench_profiles
+    from oallama.planner.profile import Profile
+
+    other = bench_profiles.save(out, Profile.load(smoke["out"] / "profiles" / f"{key}.json"))
+    assert other == f"{key}-{int(cached['created'])}" and (out / "profiles" / f"{other}.json").exists()
+    assert bench_profiles.save(out, Profile.load(out / "profiles" / f"{key}.json")) == key
+
+
+# --- the accuracy computations, on records built here -------------------------------------------
+
+
+def _rec(cid: str, metric: str, median: float, predicted: float | None, **kw: Any) -> dict[str, Any]:
+    base = {"config_id": cid, "metric": metric, "median": median, "predicted": predicted, "stddev": 0.0,
+            "device_kind": "rpc", "device": "RPC[127.0.0.1:5000]", "strategy": "layers", "series": "layers",
+            "model": "m", "model_identity": "abc", "machine": "vm", "prompt": 64, "gen": 32, "budget": "50%",
+            "op_offload": True, "threads": 1, "n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "flash_attn": False,
+            "mmap": True}
+    return {**base, **kw}
+
+
+def test_prediction_errors_median_p90_max_by_hand() -> None:
+    import numpy as np
+
+    # rpc/layers TTFT: measured 100 each, predicted 110, 80, 100, 150, 70 -> |errors| 0.1, 0.2, 0,
+    # 0.5, 0.3; sorted 0, 0.1, 0.2, 0.3, 0.5: median 0.2; p90 at rank 0.9 * 4 = 3.6, between 0.3
+    # and 0.5: 0.3 + 0.6 * 0.2 = 0.42; max 0.5; signed errors 0.1, -0.2, 0, 0.5, -0.3: bias 0
+    recs = [_rec(f"l{i}", "ttft_ms", 100.0, p) for i, p in enumerate([110.0, 80.0, 100.0, 150.0, 70.0])]
+    # rpc/optimal TTFT: measured 50, 200; predicted 60, 150 -> 0.2, 0.25: median 0.225, p90
+    # 0.2 + 0.9 * 0.05 = 0.245, max 0.25, bias (0.2 - 0.25) / 2 = -0.025
+    recs += [_rec("o1", "ttft_ms", 50.0, 60.0, strategy="optimal", series="optimal"),
+             _rec("o2", "ttft_ms", 200.0, 150.0, strategy="optimal", series="optimal")]
+    # another device class; and records left out: no prediction, a measured 0, a metric not compared
+    recs += [_rec("c1", "ttft_ms", 10.0, 12.0, device_kind="cpu"), _rec("x1", "ttft_ms", 10.0, None),
+             _rec("x2", "tpot_ms", 0.0, 1.0), _rec("x3", "load_s", 1.0, 5.0)]
+    rows = {(r["device_kind"], r["strategy"], r["metric"]): r for r in bench_accuracy.prediction_errors(recs)}
+    assert list(rows) == [("cpu", "layers", "ttft_ms"), ("cpu", "all", "ttft_ms"), ("rpc", "layers", "ttft_ms"),
+                          ("rpc", "optimal", "ttft_ms"), ("rpc", "all", "ttft_ms")]
+    lay = rows[("rpc", "layers", "ttft_ms")]
+    assert lay["count"] == 5
+    assert (lay["median"], lay["p90"], lay["max"], lay["bias"]) == pytest.approx((0.2, 0.42, 0.5, 0.0))
+    opt = rows[("rpc", "optimal", "ttft_ms")]
+    assert (opt["count"], opt["median"], opt["p90"], opt["max"], opt["bias"]) == pytest.approx(
+        (2, 0.225, 0.245, 0.25, -0.025))
+    alls = rows[("rpc", "all", "ttft_ms")]
+    errs = [0.1, 0.2, 0.0, 0.5, 0.3, 0.2, 0.25]
+    assert alls["count"] == 7 and alls["median"] == pytest.approx(0.2) and alls["max"] == pytest.approx(0.5)
+    assert alls["p90"] == pytest.approx(0.38) == pytest.approx(float(np.percentile(errs, 90)))  # 0.3 + 0.4 * 0.2
+    assert rows[("cpu", "all", "ttft_ms")]["median"] == pytest.approx(0.2)
+    md = "\n".join(bench_accuracy.errors_markdown(bench_accuracy.prediction_errors(recs)))
+    assert "| rpc | layers | ttft_ms | 5 | 20.0% | 42.0% | 50.0% | 0.0% |" in md
+    assert "| rpc | optimal | ttft_ms | 2 | 22.5% | 24.5% | 25.0% | -2.5% |" in md
+    for q in (0, 10, 50, 90, 100):
+        assert bench_accuracy.percentile(errs, q) == pytest.approx(float(np.percentile(errs, q)))
+    assert bench_accuracy.percentile([3.0], 90) == 3.0
+
+
+def test_identical_placements_measured_twice_must_agree_within_5_percent() -> None:
+    same = {"placement_key": "p1"}
+    recs = [
+        # layers and fit, the same placement: TTFT 4% apart (agrees), TPOT 6% apart (noisy)
+        _rec("a", "ttft_ms", 100.0, 90.0, **same), _rec("a", "tpot_ms", 10.0, 9.0, **same),
+        _rec("b", "ttft_ms", 104.0, 90.0, strategy="fit", series="fit", budget="75%", **same),
+        _rec("b", "tpot_ms", 10.6, 9.0, strategy="fit", series="fit", budget="75%", **same),
+        # measured in a later (resumed) run: another rpc-server port, the same device; 20% apart
+        _rec("c", "tpot_ms", 12.0, 9.0, strategy="affinity", device="RPC[127.0.0.1:6000]", **same),
+        # not the same measurement: another placement, another workload, other settings, no key
+        _rec("d", "tpot_ms", 20.0, 9.0, placement_key="p2"),
+        _rec("e", "tpot_ms", 20.0, 9.0, prompt=128, **same),
+        _rec("f", "tpot_ms", 20.0, 9.0, threads=2, **same),
+        _rec("g", "tpot_ms", 20.0, 9.0),
+    ]
+    pairs = bench_accuracy.compare_repeats(recs)
+    got = {(p["a"], p["b"], p["metric"]): (round(p["diff"], 6), p["noisy"]) for p in pairs}
+    assert got == {("a", "b", "ttft_ms"): (0.04, False), ("a", "b", "tpot_ms"): (0.06, True),
+                   ("a", "c", "tpot_ms"): (0.2, True), ("b", "c", "tpot_ms"): (round(12 / 10.6 - 1, 6), True)}
+    md = "\n".join(bench_accuracy.noisy_markdown(recs))
+    assert "## Noisy" in md and "3 of 4 comparison(s)" in md
+    assert "| m | 64 / 32 | tpot_ms | layers @50% | 10.00 | fit @75% | 10.60 | 6.0% |" in md
+    quiet = [r for r in recs if r["config_id"] in "ab" and r["metric"] == "ttft_ms"]
+    assert "## Noisy" not in "\n".join(bench_accuracy.noisy_markdown(quiet))
+    assert any("noisy: m prompt 64 gen 32" in line for line in bench_accuracy.warning_lines(recs))
+
+
+def test_placement_key_sees_what_the_load_does() -> None:
+    plan = {"accelerator": "RPC[127.0.0.1:5000]", "placement": {"a": "RPC[127.0.0.1:5000]", "b": "CPU"},
+            "n_gpu_layers": 1, "kv_layers": 1, "offload_min_batch": {"b": 32}, "strategy": "layers"}
+    key = bench_accuracy.placement_key(plan)
+    moved = {**plan, "accelerator": "RPC[127.0.0.1:6000]", "placement": {"b": "CPU", "a": "RPC[127.0.0.1:6000]"},
+             "strategy": "fit", "predicted": {"e2e_ms": 1.0}}
+    assert bench_accuracy.placement_key(moved) == key  # another port, order, strategy, prediction
+    for change in ({"placement": {"a": "CPU", "b": "CPU"}}, {"n_gpu_layers": 2}, {"kv_layers": 0},
+                   {"offload_min_batch": {"b": None}}):
+        assert bench_accuracy.placement_key({**plan, **change}) != key, change
+
+
+def test_measured_winner_and_optimal_behind() -> None:
+    recs = [_rec("l", "e2e_ms", 100.0, 90.0), _rec("f", "e2e_ms", 95.0, 90.0, strategy="fit", series="fit"),
+            _rec("o", "e2e_ms", 98.0, 80.0, strategy="optimal", series="optimal"),  # 3.2% behind fit
+            _rec("l2", "e2e_ms", 100.0, 90.0, budget="75%"),
+            _rec("o2", "e2e_ms", 102.9, 80.0, strategy="optimal", series="optimal", budget="75%"),  # 2.9%
+            _rec("o3", "e2e_ms", 50.0, 80.0, strategy="optimal", series="optimal", budget="25%")]  # alone
+    assert bench_accuracy.measured_winners(recs) == {("m", 64, 32, "50%"): "f", ("m", 64, 32, "75%"): "l2",
+                                                     ("m", 64, 32, "25%"): "o3"}
+    compared, behind = bench_accuracy.optimal_behind(recs)
+    assert compared == 2 and len(behind) == 1
+    b = behind[0]
+    assert (b["budget"], b["best"], b["best_ms"], b["optimal_ms"]) == ("50%", "fit", 95.0, 98.0)
+    assert b["behind"] == pytest.approx(98 / 95 - 1)
+    md = "\n".join(bench_accuracy.optimal_markdown(recs))
+    assert "in 1 of 2 cell(s)" in md and "| m | 64 / 32 | 50% | 98.0 (80.0) | fit | 95.0 (90.0) | +3.2% |" in md
+
+
+def test_configurations_measured_under_load_are_flagged() -> None:
+    recs = [_rec("a", "e2e_ms", 1.0, 1.0, load_avg_start=0.4, load_avg_end=1.6),
+            _rec("a", "ttft_ms", 1.0, 1.0, load_avg_start=0.4, load_avg_end=1.6),
+            _rec("b", "e2e_ms", 1.0, 1.0, load_avg_start=1.5, load_avg_end=0.2),
+            _rec("c", "e2e_ms", 1.0, 1.0, load_avg_start=2.5, load_avg_end=None),
+            _rec("d", "e2e_ms", 1.0, 1.0)]  # an older run: not recorded
+    busy = bench_accuracy.high_load(recs)
+    assert [(b["config_id"], b["load"]) for b in busy] == [("c", 2.5), ("a", 1.6)]
+    assert "redo: measured at load 2.50" in bench_accuracy.warning_lines(recs)[0]
+    md = "\n".join(bench_accuracy.load_markdown(recs))
+    assert "2 configuration(s)" in md and "redo: measured at load 1.60" in md
+    assert bench_accuracy.load_markdown(recs[2:3]) == []
+
+
+def test_predicted_passes_carry_every_numeric_key() -> None:
+    predicted = {"c1": {"e2e_ms": 3.0, "passes": {"64": {"compute_ms": 2.0, "splits": 3, "new_ms": 0.5,
+                                                         "note": "x", "flag": True},
+                                                  "1": {"compute_ms": 1.0, "splits": 1}}},
+                 "c2": {"e2e_ms": 1.0}}
+    configs = {"c1": {"model_name": "m", "strategy": "optimal", "op_offload": True, "budget": "50%",
+                      "prompt": 64, "gen": 8}}
+    cols, rows = bench_accuracy.predicted_passes(predicted, configs)
+    assert cols == ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "n_tokens",
+                    "compute_ms", "splits", "new_ms"]
+    assert [(r["n_tokens"], r["compute_ms"], r.get("new_ms")) for r in rows] == [(1, 1.0, None), (64, 2.0, 0.5)]
+    assert rows[0]["strategy"] == "optimal" and rows[0]["budget"] == "50%"

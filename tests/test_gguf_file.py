@@ -16,7 +16,7 @@ import pytest
 from helpers import raises_cleanly
 from oallama import Llama, ModelFileError
 from oallama.model import gguf_file
-from oallama.model.presets import PRESETS
+from oallama.model.synthetic import PRESETS
 
 KW: dict[str, Any] = {"n_ctx": 256, "verbose": False, "n_threads": 2}
 

@@ -16,6 +16,7 @@ import pytest
 from helpers import sched_model_mismatches
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner import optimal
+from oallama.planner.calibrate import DeviceCalibration, OpFit
 from oallama.planner.plan import (
     STRATEGIES,
     Workload,
@@ -115,7 +116,12 @@ def favourable(prof: Profile, acc: str, speedup: float = 20.0) -> Profile:
     floor = min(stats["median_us"] for stats in p.ops[acc].values())  # us
     for link in p.links[acc].values():
         link.latency_us, link.bytes_per_us = floor, 10_000.0
-    p.devices[acc]["launch_us"] = floor
+    p.devices[acc]["launch_us"] = p.devices[acc]["issue_us"] = floor
+    cal = p.calibration
+    if cal is not None:  # every other op, too, `speedup` x the CPU's
+        host = cal.devices[HOST]
+        ops = {op: OpFit(f.a_us / speedup, f.b_us / speedup, f.n) for op, f in host.ops.items()}
+        cal.devices[acc] = DeviceCalibration(host.node_overhead_us / speedup, ops, host.matmul_scale)
     return p
 
 

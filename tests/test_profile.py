@@ -9,7 +9,7 @@ import pytest
 
 from oallama import ProfileError
 from oallama.planner.graph import TargetOp, inventory
-from oallama.planner.profile import Link, Profile, Settings, profile_model
+from oallama.planner.profile import SCHEMA, Link, Profile, Settings, profile_model
 from oallama.runtime import rpc
 
 
@@ -59,7 +59,7 @@ def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:
     p = prof.save(tmp_path / "p.json")
     back = Profile.load(p)
     assert back.ops == prof.ops and back.key == prof.key and back.settings == prof.settings
-    assert json.loads(p.read_text())["schema"] == "oallama.profile/1"
+    assert json.loads(p.read_text())["schema"] == SCHEMA
 
 
 def test_bad_profile_files(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import oallama
 from oallama import _libs
 from oallama.model import synthetic
 from oallama.model.gguf_file import read
-from oallama.model.presets import PRESETS
+from oallama.model.synthetic import PRESETS
 
 MakeModel = Callable[..., Path]
 

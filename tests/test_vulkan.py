@@ -151,3 +151,30 @@ def test_flow_on_vulkan_matches_cpu(strategy: str, vk: str, tiny_f16: Path, vk_c
     llm.reset()
     assert llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"] == text
     llm.close()
+
+
+def test_calibration_times_the_real_graph_on_vulkan(vk: str, tiny_f16: Path, vk_ctx) -> None:
+    """The node timer on a GPU-class backend: every scheduled node is timed, on Vulkan0 where the
+    scheduler put it (Vulkan reorders nodes within its splits: compared as sets), and the
+    calibration fits Vulkan0's ops next to the CPU's."""
+    from contextlib import closing
+
+    from oallama.planner.graph import Graph
+    from oallama.runtime.generate import prompt_tokens
+
+    with closing(Llama(str(tiny_f16), devices=["CPU", vk], n_gpu_layers=99, n_ctx=256, n_batch=8, n_ubatch=8,
+                       n_threads=1, verbose=False)) as llm:
+        toks = prompt_tokens(llm, 8)
+        with _core.NodeTimer(llm.native_context) as timer:
+            llm.eval(toks)
+            llm.reset()
+            timer.reset([])
+            llm.eval(toks)
+            nodes = timer.times()
+        graph = Graph(8, _core.graph(llm.native_context, 8))
+    assert sorted((r.name, r.op) for r in nodes) == sorted((n.name, n.op) for n in graph.nodes)
+    sched = {(n.name, n.op): n.backend for n in graph.nodes if not n.is_view}
+    assert {r.device for r in nodes if (r.name, r.op) in sched} == {"CPU", vk}
+    assert all(sched[(r.name, r.op)] == r.device for r in nodes if (r.name, r.op) in sched)
+    cal = vk_ctx.profile.calibration
+    assert cal is not None and vk in cal.devices and cal.devices[vk].n_matmuls > 0

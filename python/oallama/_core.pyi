@@ -149,6 +149,55 @@ class Timing:
     @property
     def buffer_type(self) -> str: ...
 
+class NodeTime:
+    """oallama_node_time: one scheduled node of a timed decode."""
+
+    @property
+    def index(self) -> int:
+        """position in execution order"""
+    @property
+    def name(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def ne(self) -> list[int]: ...
+    @property
+    def nbytes(self) -> int:
+        """bytes of the result"""
+    @property
+    def src_ne(self) -> list[list[int]]:
+        """shapes of its sources"""
+    @property
+    def src_bytes(self) -> int:
+        """bytes of all its sources"""
+    @property
+    def weight_type(self) -> str:
+        """ggml type of its first source if a model weight, else ''"""
+    @property
+    def device(self) -> str:
+        """device the scheduler ran it on"""
+    @property
+    def start_us(self) -> float:
+        """us (steady clock) when the scheduler reached it"""
+    @property
+    def done_us(self) -> float:
+        """us when its range finished, synchronised; -1: not a stop"""
+    @property
+    def range_us(self) -> float:
+        """us from its range's start to done_us; -1: not a stop"""
+
+class NodeTimer:
+    """Times a context's real graph (the scheduler's eval callback), node by node or in ranges."""
+
+    def __init__(self, context: Context) -> None: ...
+    def reset(self, stop_at: list[int] = ...) -> None: ...
+    def times(self) -> list[NodeTime]: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> NodeTimer: ...
+    def __exit__(self, *args: object) -> None: ...
+
 class FitResult:
     """oallama_fit_result: llama.cpp's automatic fit."""
 
@@ -222,7 +271,12 @@ def profile_mul_mat(device: str, type: str, k: int, m: int, ns: Sequence[int], n
                     repeats: int = 5, use_extra_bufts: bool = True, host_of: str = "") -> list[Timing]:
     """One Timing per n in ns (CPU: the weight in host_of's pinned host buffer type when named)."""
 def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2, repeats: int = 5) -> Timing: ...
-def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5) -> Timing: ...
+def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5, wait: bool = True) -> Timing: ...
+def profile_mul_mat_id(device: str, type: str, k: int, m: int, n_expert: int, n_expert_used: int, ns: Sequence[int],
+                       n_active: Sequence[int] = ..., n_threads: int = 1, warmup: int = 2, repeats: int = 5,
+                       use_extra_bufts: bool = True, host_of: str = "") -> list[Timing]:
+    """MUL_MAT_ID of experts [k, m, n_expert]: one Timing per n in ns, routed to n_active[i] distinct experts
+    (default min(n_expert, n * n_expert_used))."""
 
 # --- llama.cpp's automatic fit (fit.cpp; absent when built with OALLAMA_TOOLS=OFF) ---------
 def fit_params(path: str, devices: Sequence[str], margins: Sequence[int], n_ctx: int, n_batch: int = 512,

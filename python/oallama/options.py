@@ -50,18 +50,20 @@ class _Spec:
     positional: bool
     default_help: str | None  # shown instead of the default (a computed or None default)
     exclusive: str | None  # options sharing this key are mutually exclusive
+    minimum: int | float | None = None  # a number (or each of a list's numbers) below it is refused
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None, short: str | None = None,
            off: str | None = None, choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
            metavar: str | None = None, positional: bool = False, default_help: str | None = None,
-           default_factory: Callable[[], Any] | None = None, exclusive: str | None = None) -> Any:
+           default_factory: Callable[[], Any] | None = None, exclusive: str | None = None,
+           minimum: int | float | None = None) -> Any:
     """A dataclass field that is a command-line option. `default`: the option's one default (a
     list is copied for every instance); none: the option is required. `help` is plain text (no
     argparse %-escapes); the default is appended to it. Options with the same `exclusive` key
-    cannot be given together."""
+    cannot be given together. `minimum`: the command line refuses a smaller number."""
     spec = _Spec(help, flag, short, off, tuple(choices) if isinstance(choices, Sequence) else choices, metavar,
-                 positional, default_help, exclusive)
+                 positional, default_help, exclusive, minimum)
     meta = {_KEY: spec}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -95,9 +97,25 @@ def _scalar(tp: Any) -> Callable[[str], Any]:
     raise TypeError(f"option type {tp}: expected int, float, str, Path, bool, a list or tuple of those")
 
 
-def _sequence(item_type: Any, kind: str, count: int | None, flag: str) -> Callable[[str], Any]:
+def _at_least(conv: Callable[[str], Any], minimum: int | float | None, flag: str) -> Callable[[str], Any]:
+    """`conv`, refusing a number below `minimum` (None: any) with a message naming the flag."""
+    if minimum is None:
+        return conv
+
+    def parse(text: str) -> Any:
+        value = conv(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"'{text}': {flag} must be at least {format_default(minimum)}")
+        return value
+
+    parse.__name__ = getattr(conv, "__name__", f"{flag} value")  # argparse's "invalid <name> value"
+    return parse
+
+
+def _sequence(item_type: Any, kind: str, count: int | None, flag: str,
+              minimum: int | float | None = None) -> Callable[[str], Any]:
     """Parser of a comma-separated value: a list or a tuple (kind), of `count` items (None: any)."""
-    conv = _scalar(item_type)
+    conv = _at_least(_scalar(item_type), minimum, flag)
     what = {int: "integers", float: "numbers"}.get(item_type, "values")
     example = {int: "32,64,128", float: "0.5,1.5"}.get(item_type, "a,b")
 
@@ -232,7 +250,8 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type[Any]) -> None
         if kind == "bool":
             target.add_argument(*names, off, dest=f.name, action=_BoolAction, off=off, required=required, **kw)
             continue
-        kw["type"] = _scalar(item) if kind == "scalar" else _sequence(item, kind, count, flag)
+        kw["type"] = (_at_least(_scalar(item), spec.minimum, flag) if kind == "scalar"
+                      else _sequence(item, kind, count, flag, spec.minimum))
         target.add_argument(*names, dest=f.name, required=required, **kw)
 
 

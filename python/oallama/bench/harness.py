@@ -17,14 +17,18 @@ Layout of DIR:
     raw/<id>.plan.json   the plan file it loaded
     raw/<id>.json        its result; present = finished (written atomically)
     raw/<id>.log         its stderr
-    results.json, results.csv, summary.md, *.png
+    profiles/<key>.json  every profile the plans were costed with (`profile_key` in the records)
+    results.json, results.csv, predicted.json, predicted_passes.csv, summary.md, *.png
 
 A configuration's id is a hash of (model identity, device identity, strategy, budget, prompt,
 gen, op offload, settings, build): a rerun skips finished ones, so an interrupted run resumes
 where it stopped, and `--max-minutes` stops cleanly before a time limit.
 
 Timings measured with a loopback rpc-server as the "accelerator" only prove the harness: that
-accelerator is another CPU process on the same machine.
+accelerator is another CPU process on the same machine. Every configuration records the 1-minute
+load average at its start and end: one measured above `accuracy.LOAD_LIMIT` is flagged in the log
+and in summary.md ("redo: measured at load X"), as are identical placements whose repeated
+measurements disagree by more than 5% (`accuracy.compare_repeats`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ from ..model import gguf_file
 from ..options import add_arguments, format_default, from_args, option
 from ..planner.plan import BASELINES, STRATEGIES, parse_budget
 from ..runtime import devices as devmod
+from ..runtime import rpc
+from . import accuracy
+from . import profiles as bench_profiles
 
 SCHEMA = "oallama.bench/1"
 RAW_SCHEMA = "oallama.bench.raw/1"
@@ -157,6 +164,8 @@ class BenchOptions:
                                        "rerun to resume")
     config_timeout_s: float = option(1800.0, flag="--config-timeout", help="seconds one configuration may take "
                                      "(a worker running longer is killed and recorded as failed)")
+    reprofile: bool = option(False, help="measure the profile afresh for this run instead of reusing a cached "
+                             "one (the cache is left as it is)")
     plots: bool = option(True, help="write PNG plots")
     progress: bool = option(True, off="--quiet", help="show progress on stderr")
 
@@ -232,24 +241,11 @@ def _device_meta(dev: devmod.Device) -> dict[str, Any]:
 
 def _listening_pid(endpoint: str) -> int | None:
     """pid of the local process listening on host:port (an rpc-server named by --device)."""
-    try:
-        import psutil
-
-        host, port = devmod.parse_endpoint(endpoint)
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            return None
-        for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-                return int(c.pid)
-    except Exception:
-        return None
-    return None
+    return rpc.listening_pid(*devmod.parse_endpoint(endpoint))
 
 
 def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
     """(device, rpc-server we started or None)."""
-    from ..runtime import rpc
-
     if opts.device:
         return devmod.resolve(opts.device), None
     gpu = next((d for d in devmod.list_devices() if d.kind in ("gpu", "igpu")), None)
@@ -373,6 +369,8 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
         finally:
             summary.remaining = sum(not is_finished(raw_dir, c.id) for c in configs)
             summary.outputs = bench_report.write_outputs(opts.out, plots=opts.plots)
+            for line in accuracy.warning_lines(bench_report.read_records(summary.outputs["json"])):
+                _log(line)
             if opts.progress:
                 state = "complete" if summary.remaining == 0 else (
                     f"incomplete: {summary.remaining} configuration(s) left (run the same command again to resume)")
@@ -390,6 +388,7 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                  deadline: float | None) -> None:
     from ..planner import plan as planmod
 
+    profiles: dict[tuple[str, int, bool], Any] = {}  # --reprofile: measured once per (model, n_ctx, op offload)
     groups: dict[tuple[str, int, int, bool], list[Config]] = {}
     for c in pending:
         groups.setdefault((c.model, c.prompt, c.gen, c.op_offload), []).append(c)
@@ -400,8 +399,13 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
             _log(f"stopping before the time limit ({opts.max_minutes:g} min)")
             return
         wl = planmod.Workload(prompt, gen, "e2e", settings.n_ubatch)
-        ctx = planmod.build_context(model, acc, wl, threads=settings.threads, op_offload=oo,
+        if opts.reprofile and (model, wl.n_ctx, oo) not in profiles:
+            profiles[(model, wl.n_ctx, oo)] = bench_profiles.measure(model, acc, wl.n_ctx, settings.threads, oo,
+                                                                     opts.progress)
+        profile = profiles.get((model, wl.n_ctx, oo))
+        ctx = planmod.build_context(model, acc, wl, profile=profile, threads=settings.threads, op_offload=oo,
                                     progress=opts.progress)
+        profile_key = bench_profiles.save(opts.out, ctx.profile)
         for budget in dict.fromkeys(c.budget for c in group):
             todo = [c for c in group if c.budget == budget]
             plans = _make_plans(ctx, budget, {c.strategy for c in todo}, oo)
@@ -423,17 +427,21 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                 if opts.progress:
                     eta = f", ETA {_fmt_s(est * (len(pending) - i + 1))}" if durations else ""
                     _log(f"[{i}/{len(pending)}] {c.label} ({c.id}){eta}")
-                err = _launch(c, p, settings, meta, server_pid, raw_dir, opts, deadline)
+                err = _launch(c, p, settings, meta, server_pid, raw_dir, opts, deadline, profile_key)
                 summary.launched.append(c.id)
                 dt = time.monotonic() - t0
                 durations.append(dt)
                 if err is None:
                     summary.finished.append(c.id)
+                    res = json.loads((raw_dir / f"{c.id}.json").read_text())
                     if opts.progress:
-                        r = json.loads((raw_dir / f"{c.id}.json").read_text())["samples"]
+                        r = res["samples"]
                         _log(f"    done in {dt:.1f} s: TTFT {statistics.median(r['ttft_ms']):.1f} ms, "
                              f"TPOT {statistics.median(r['tpot_ms']):.2f} ms (predicted "
                              f"{p.predicted['ttft_ms']:.1f} / {p.predicted['tpot_ms']:.2f})")
+                    loads = [x for x in (res.get("load_avg_start"), res.get("load_avg_end")) if x is not None]
+                    if loads and max(loads) > accuracy.LOAD_LIMIT:
+                        _log(f"    {accuracy.load_warning(max(loads), c.label)}")
                 elif err == "deadline":
                     _log(f"    stopped at the time limit ({opts.max_minutes:g} min); it reruns next time")
                     return
@@ -481,7 +489,7 @@ def _winner(p: Any) -> str:
 def _plan_doc(p: Any) -> dict[str, Any]:
     from ..planner.schedmodel import NEVER
 
-    return {"predicted": {k: p.predicted[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms")},
+    return {"predicted": p.predicted,  # ttft_ms, tpot_ms, e2e_ms and the per-pass breakdown
             "memory": p.memory, "budget_bytes": p.budget_bytes, "n_gpu_layers": p.n_gpu_layers,
             "load": p.load_mode, "kv_layers": p.placement.kv_layers, "plan_seconds": p.plan_s,
             "weights_on_acc": len(p.placement.on_acc),
@@ -491,7 +499,7 @@ def _plan_doc(p: Any) -> dict[str, Any]:
 
 
 def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], server_pid: int | None,
-            raw_dir: Path, opts: BenchOptions, deadline: float | None) -> str | None:
+            raw_dir: Path, opts: BenchOptions, deadline: float | None, profile_key: str) -> str | None:
     """Run one configuration in a fresh process; None on success, else an error ("deadline": the
     time limit stopped it)."""
     plan_path = raw_dir / f"{c.id}.plan.json"
@@ -503,7 +511,9 @@ def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], serv
         doc["offload_min_batch"] = {w: b for w, b in (doc.get("offload_min_batch") or {}).items() if b is not None}
         write_json(plan_path, doc)
     spec = {"schema": RAW_SCHEMA, "id": c.id, "config": _config_doc(c), "meta": meta, "plan_file": str(plan_path),
-            "plan": _plan_doc(p), "server_pid": server_pid, "result": str(raw_dir / f"{c.id}.json")}
+            "plan": _plan_doc(p), "server_pid": server_pid, "result": str(raw_dir / f"{c.id}.json"),
+            "profile_key": profile_key, "placement_key": accuracy.placement_key(json.loads(plan_path.read_text())),
+            "load_avg_start": os.getloadavg()[0]}
     spec_path = raw_dir / f"{c.id}.spec.json"
     write_json(spec_path, spec)
     with contextlib.suppress(OSError):
@@ -574,6 +584,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if not args.readme_only:
             outs = bench_report.write_outputs(d, plots=not args.no_plots)
             print(f"{d}: wrote {', '.join(p.name for p in outs.values())}")
+    if not args.readme_only:
+        # prediction error, measured winners, load and repeat checks of every results directory
+        # (committed ones without raw/ too: from their results.json)
+        for d in bench_report.result_dirs(paths):
+            print(f"\n# {d}\n")
+            print("\n".join(accuracy.accuracy_markdown(bench_report.read_records(d / "results.json"))))
     if args.readme:
         bench_report.update_readme(Path(args.readme), paths)
         print(f"updated the results section of {args.readme}")

@@ -4,7 +4,14 @@ plots mirroring the paper's figures, and the results section of the README.
 Record schema "oallama.bench/1": one flat record per (configuration, metric); `COLUMNS` lists
 the fields, in CSV order. Times are medians over the timed repetitions (warm-up discarded) with
 their sample standard deviation; `predicted` is the planner's prediction where it has one
-(ttft_ms, tpot_ms, e2e_ms, tokens_per_s); `source` says where a memory figure comes from.
+(ttft_ms, tpot_ms, e2e_ms, tokens_per_s); `source` says where a memory figure comes from. The last
+columns came later (older results lack them and still read): `profile_key` (the profile the plan was
+costed with, saved as profiles/<profile_key>.json), the 1-minute load average at the start and end
+of the configuration, and `placement_key` (`accuracy.placement_key` of its plan file).
+
+Beside them: predicted.json (config_id -> the plan's whole prediction, per-pass breakdown
+included) and predicted_passes.csv (the same passes as flat rows); `accuracy` computes the
+prediction error, measured winners and noise checks that summary.md reports.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import accuracy
+from .accuracy import STRATEGY_ORDER
+
 SCHEMA = "oallama.bench/1"
 COLUMNS = [
     "schema", "config_id", "timestamp", "machine", "cpu", "cpu_count", "host_memory_bytes", "os",
@@ -28,7 +38,7 @@ COLUMNS = [
     "budget", "budget_bytes", "budget_share", "fits_budget", "acc_weight_bytes", "acc_weight_share",
     "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
     "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
-    "source",
+    "source", "profile_key", "load_avg_start", "load_avg_end", "placement_key",
 ]
 # metric -> (unit, description)
 METRICS = {
@@ -44,7 +54,6 @@ METRICS = {
     "device_planned_bytes": ("bytes", "accelerator memory of the load by llama.cpp's accounting"),
 }
 STRATEGY_COLORS = {"layers": "C0", "fit": "C1", "flexgen": "C2", "affinity": "C3", "optimal": "C4"}
-STRATEGY_ORDER = ("layers", "fit", "flexgen", "affinity", "optimal")
 PLOTS = {"e2e": "e2e_per_model.png", "ttft": "ttft_vs_prompt.png", "tpot": "tpot_vs_gen.png",
          "share": "time_vs_share.png"}
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -76,6 +85,7 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "streamed_weights": plan["streamed_weights"], "prompt": c["prompt"], "gen": c["gen"],
         "threads": st["threads"], "n_ctx": c["n_ctx"], "n_batch": st["n_batch"], "n_ubatch": st["n_ubatch"],
         "flash_attn": st["flash_attn"], "mmap": st["mmap"], "reps": st["reps"], "warmup": st["warmup"],
+        **{k: raw.get(k) for k in ("profile_key", "load_avg_start", "load_avg_end", "placement_key")},
     }
     s = raw["samples"]
     pred = plan["predicted"]
@@ -131,9 +141,49 @@ def _order_key(r: dict[str, Any]) -> tuple:
     return (r["model"], r["prompt"], r["gen"], r["budget_bytes"], not r["op_offload"], strat, r["metric"])
 
 
+def _plan_file(raw: dict[str, Any], raw_dir: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((raw_dir / f"{raw['id']}.plan.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _completed(raw: dict[str, Any], raw_dir: Path) -> dict[str, Any]:
+    """A raw result with the keys older runs did not record (placement_key, profile_key, the
+    per-pass prediction) filled in from its plan file where that is still in raw/."""
+    if raw.get("placement_key") and raw.get("profile_key") and "passes" in raw["plan"]["predicted"]:
+        return raw
+    plan = _plan_file(raw, raw_dir)
+    if not plan:
+        return raw
+    out = {**raw, "placement_key": raw.get("placement_key") or accuracy.placement_key(plan),
+           "profile_key": raw.get("profile_key") or (str(plan.get("profile") or "")[:16] or None)}
+    if "passes" not in raw["plan"]["predicted"] and "passes" in (plan.get("predicted") or {}):
+        out["plan"] = {**raw["plan"], "predicted": plan["predicted"]}
+    return out
+
+
+def write_predicted(out_dir: Path, ok: Sequence[dict[str, Any]]) -> dict[str, Path]:
+    """predicted.json (config_id -> the plan's whole prediction) and predicted_passes.csv."""
+    predicted = {raw["id"]: raw["plan"]["predicted"] for raw in sorted(ok, key=lambda r: r["id"])}
+    out = {"predicted": out_dir / "predicted.json", "predicted_passes": out_dir / "predicted_passes.csv"}
+    out["predicted"].write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in predicted.items())
+                                + "\n}\n")
+    columns, rows = accuracy.predicted_passes(predicted, {raw["id"]: raw["config"] for raw in ok})
+    with out["predicted_passes"].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if row.get(k) is None else row[k]) for k in columns})
+    return out
+
+
 def write_outputs(out_dir: Path, *, plots: bool = True) -> dict[str, Path]:
-    """results.json, results.csv, summary.md and the plots, from out_dir/raw."""
+    """results.json, results.csv, predicted.json, predicted_passes.csv, summary.md and the
+    plots, from out_dir/raw."""
     ok, failed = load_raw(out_dir)
+    ok = [_completed(raw, out_dir / "raw") for raw in ok]
     records = sorted((r for raw in ok for r in records_from_raw(raw)), key=_order_key)
     out: dict[str, Path] = {}
     out["json"] = out_dir / "results.json"
@@ -145,6 +195,7 @@ def write_outputs(out_dir: Path, *, plots: bool = True) -> dict[str, Path]:
         w.writeheader()
         for r in records:
             w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    out.update(write_predicted(out_dir, ok))
     out["md"] = out_dir / "summary.md"
     out["md"].write_text(summary_markdown(records, failed, out_dir.name))
     if plots and records:
@@ -264,7 +315,9 @@ def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[st
                   "TTFT/TPOT/e2e measured (median ± stddev) with the planner's prediction in the `pred` column; "
                   "device peak = " + "; ".join(sorted({r["source"] for r in records
                                                         if r["metric"] == "device_peak_bytes"}) or ["not measured"])
-                  + ".", ""]
+                  + "; **bold** e2e: the lowest measured end-to-end time at that budget (the measured winner).", ""]
+        lines += [*accuracy.load_markdown(records), *accuracy.noisy_markdown(records)]
+        winners = set(accuracy.measured_winners(records).values())
         cfgs = by_config(records)
         models = sorted({r["model"] for r in records})
         for model in models:
@@ -283,13 +336,15 @@ def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[st
                     fits = "" if e["fits_budget"] else " (over budget)"
                     frm = f" (= {e['plan_from']})" if e["plan_from"] != e["strategy"] else ""
                     dev = m.get("device_peak_bytes")
+                    e2e = f"**{_ms(m['e2e_ms'])}**" if cid in winners else _ms(m["e2e_ms"])
                     lines.append(
                         f"| {e['budget']} ({_mib(e['budget_bytes'])} MiB) | {e['series']}{frm} | "
                         f"{_mib(m['device_planned_bytes']['median'])}{fits} | {100 * (e['acc_weight_share'] or 0):.0f}% | "
                         f"{_ms(m['ttft_ms'])} | {_pred(m['ttft_ms'])} | {_ms(m['tpot_ms'], 2)} | {_pred(m['tpot_ms'], 2)} | "
-                        f"{_ms(m['e2e_ms'])} | {_pred(m['e2e_ms'])} | {m['tokens_per_s']['median']:.1f} | "
+                        f"{e2e} | {_pred(m['e2e_ms'])} | {m['tokens_per_s']['median']:.1f} | "
                         f"{_mib(m['host_peak_bytes']['median'])} | {_mib(dev['median'] if dev else None)} |")
                 lines.append("")
+        lines += [*accuracy.optimal_markdown(records), *accuracy.prediction_error_markdown(records)]
     if failed:
         lines += ["## Failed configurations", "", "| model | strategy | budget | prompt | gen | error |",
                   "|---|---|---|---|---|---|"]
@@ -507,6 +562,12 @@ def readme_section(dirs: Sequence[Path], readme: Path) -> str:
                 any_r = next(iter(cells.values()))
                 lines.append(f"| {model} | {any_r['prompt']} / {any_r['gen']} | {budget} | " + " | ".join(row)
                              + (f" | {ratio} |" if ratio_col else " |"))
+        errs = [e for e in accuracy.prediction_errors(records) if e["strategy"] == "all"]
+        if errs:
+            lines += ["", "Prediction error over every configuration (median / p90 of |predicted - measured| / "
+                      "measured): " + "; ".join(f"{e['metric'].removesuffix('_ms').upper()} "
+                                                f"{100 * e['median']:.0f}% / {100 * e['p90']:.0f}%" for e in errs)
+                      + "."]
         plots = " · ".join(f"[{name.removesuffix('.png').replace('_', ' ')}]({rel}/{name})"
                            for name in PLOTS.values() if (d / name).exists())
         lines += ["", f"All workloads and metrics: [summary]({rel}/summary.md), [JSON]({rel}/results.json), "

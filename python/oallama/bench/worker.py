@@ -4,34 +4,22 @@
 
 Loads the model with `Llama(placement=plan)` and the run's shared settings, does the discarded
 warm-up runs and the timed ones, samples peak accelerator memory, and writes the raw result
-(`raw/<id>.json`, atomically) that `oallama.bench` aggregates. A fresh process per configuration
-keeps one placement's allocations, caches and ggml state out of the next one's figures.
+(`raw/<id>.json`, atomically) that `oallama.bench` aggregates, with the 1-minute load average
+after the timed runs (the parent recorded it before starting this process). A fresh process per
+configuration keeps one placement's allocations, caches and ggml state out of the next one's figures.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from .._files import write_json
 from ..runtime import devices as devmod
-
-_PROMPT_TEXT = ("The history of computing is a history of moving data to where the arithmetic happens. "
-                "Every generation of hardware changes which operations are cheap and which are slow, "
-                "and the software that decides where each piece of work runs has to follow. ")
-
-
-def _prompt_tokens(llm: Any, n: int) -> list[int]:
-    """Exactly n tokens (BOS first) of a fixed English text: the same prompt for every placement."""
-    toks = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=True))
-    body = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=False)) or [toks[-1]]
-    while len(toks) < n:
-        toks += body
-    return toks[:n]
 
 
 class _DeviceMemory:
@@ -84,7 +72,7 @@ def run_worker(spec_path: str) -> int:
     """Run the configuration described by SPEC (written by `bench._launch`); write its raw result."""
     import resource
 
-    from ..runtime.generate import timed_generate
+    from ..runtime.generate import prompt_tokens, timed_generate
     from ..runtime.llama import Llama
 
     spec = json.loads(Path(spec_path).read_text())
@@ -107,7 +95,7 @@ def run_worker(spec_path: str) -> int:
     # the plan's weight -> device (for layers and fit: where llama.cpp's own load puts them, as
     # the planner modelled it) against what this load reports
     mismatches = sorted(w for w, d in want.items() if w in got and got[w] != d)
-    prompt = _prompt_tokens(llm, cfg["prompt"])
+    prompt = prompt_tokens(llm, cfg["prompt"])
     samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     warm: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     tokens: list[int] = []
@@ -121,11 +109,12 @@ def run_worker(spec_path: str) -> int:
         dst["e2e_ms"].append(g.e2e_s * 1e3)
         tokens = g.tokens
         mem.sample()
+    load_end = os.getloadavg()[0]  # 1-minute load average after the timed runs (the spec has the start's)
     llm.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,
               "warmup_samples": warm, "prompt_tokens": len(prompt), "gen_tokens": cfg["gen"],
-              "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
+              "load_avg_end": load_end, "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
               "memory": {"host_peak_bytes": ru.ru_maxrss * 1024,  # ru_maxrss is in KiB on Linux
                          "device_peak_bytes": mem.peak(), "device_source": mem.source,
                          "device_planned_bytes": spec["plan"]["memory"]["total"]},

@@ -324,7 +324,7 @@ class DistributeOptions:
     emit_binary: str = option("llama-server", help="binary named by --emit")
     run: bool = option(False, help="load the plan and generate, timing TTFT/TPOT")
     prompt: str = option("The quick brown fox jumps over the lazy dog", short="-p", help="prompt of --run")
-    threads: int | None = option(None, help="client threads", default_help="llama-cpp-python's")
+    threads: int | None = option(None, minimum=1, help="client threads", default_help="llama-cpp-python's")
     verbose: bool = option(False, help="show llama.cpp's log")
 
 

@@ -106,7 +106,10 @@ def _flops_table(raw: Any, where: str) -> dict[int, float]:
     if isinstance(raw, int | float):
         table = {1: float(raw)}
     elif isinstance(raw, Mapping) and raw:
-        table = {int(k): float(v) for k, v in raw.items()}
+        try:
+            table = {int(k): float(v) for k, v in raw.items()}
+        except (TypeError, ValueError):
+            raise PlanError(f"{where}: 'flops' must map token counts to FLOP/s, got {raw!r}") from None
     else:
         raise PlanError(f"{where}: 'flops' must be a number or a mapping tokens -> FLOP/s")
     if any(v <= 0 or not math.isfinite(v) for v in table.values()):
@@ -188,7 +191,7 @@ def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
                 flops=_flops_table(d["flops"], where),
                 link=LinkSpec(lat, up, down, float(link.get("jitter_s", 0.0)), float(link.get("loss", 0.0))),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"{where}: missing or bad field ({e}); need name, memory_free, flops, link") from None
         ln = spec.link
         if spec.memory_bytes < 0 or ln.latency_s < 0 or ln.jitter_s < 0 or not 0 <= ln.loss < 1 \
@@ -201,6 +204,8 @@ def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
     if dup:
         raise PlanError(f"{source}: device {dup} is listed twice")
     client = doc.get("client", {})
+    if not isinstance(client, Mapping):
+        raise PlanError(f"{source}: 'client' must be an object (with 'flops'), not {client!r}")
     client_flops = _flops_table(client["flops"], f"{source}: client") if "flops" in client else {1: math.inf}
     return Cluster(out, client_flops, source)
 

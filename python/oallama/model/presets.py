@@ -164,6 +164,17 @@ _MINICPM3_ADDED: dict[int, tuple[str, TokenType]] = {
 
 
 @dataclass(frozen=True)
+class MoE:
+    """What a mixture-of-experts preset adds to a dense one. Sizes are element counts."""
+
+    n_expert: int  # <arch>.expert_count
+    n_expert_used: int  # <arch>.expert_used_count: experts each token is routed to
+    n_ff_exp: int  # <arch>.expert_feed_forward_length: rows of one expert's gate/up
+    sliding_window: int = 0  # gpt-oss: <arch>.attention.sliding_window (tokens), every other layer
+    rope_yarn: tuple[float, int] | None = None  # (factor, original context) of yarn rope scaling
+
+
+@dataclass(frozen=True)
 class Preset:
     """The shape of one real model. Sizes are element counts; n_ctx is tokens."""
 
@@ -194,6 +205,7 @@ class Preset:
     keep_tokens: tuple[str, ...] = ()  # tokens that must survive truncation (take the last ids)
     embd_std: float | None = None  # std of token_embd; None: oallama.model.synthetic.EMBD_STD
     output_norm: float = 1.0  # mean of output_norm.weight (sets the logits' scale)
+    moe: MoE | None = None  # mixture of experts (its presets: oallama.model.presets_moe)
 
     @property
     def n_embd_head_k(self) -> int:
@@ -283,6 +295,7 @@ class TensorSpec:
     shape: tuple[int, ...]  # ggml order, ne[0] first
     # "embd" | "output" | "linear" | "qk" (makes queries or keys) | "q_mla" (MLA's q_b: makes
     # queries against normalized keys) | "norm" | "output_norm" | "bias" | "rope_long" | "rope_short"
+    # | "sinks" (gpt-oss attention sinks, f32 logits)
     kind: str
 
 
@@ -382,6 +395,7 @@ def quant_hparams(p: Preset, n_layer: int) -> dict[str, Any]:
         "n_head_kv": p.n_head_kv,
         "n_embd_head_k": p.n_embd_head_k,
         "n_embd_head_v": p.n_embd_head_v,
+        "n_expert": p.moe.n_expert if p.moe is not None else 0,
     }
 
 
@@ -501,3 +515,4 @@ def build_tokenizer(p: Preset) -> Tokenizer:
         if key.endswith("_token_id") and not 0 <= int(kv.value) < n:
             raise ValueError(f"preset {p.name}: {key} = {kv.value} is outside the {n}-token vocabulary")
     return Tokenizer(kvs=kvs, token_types=types)
+

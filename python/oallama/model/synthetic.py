@@ -34,9 +34,22 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 
+from ..errors import ModelFileError
 from ..options import add_arguments, from_args, option
 from . import presets as _presets
-from .presets import PRESETS, Preset
+from . import presets_moe as _presets_moe
+from .presets import Preset
+
+# every preset oallama can write: the dense ones and the mixtures of experts
+PRESETS: dict[str, Preset] = {**_presets.PRESETS, **_presets_moe.MOE_PRESETS}
+
+
+def _tensor_layout(p: Preset, n_layer: int) -> list[_presets.TensorSpec]:
+    return (_presets_moe.tensor_layout if p.moe is not None else _presets.tensor_layout)(p, n_layer)
+
+
+def _arch_kvs(p: Preset, n_layer: int) -> list[tuple[str, Any, Any]]:
+    return _presets.arch_kvs(p, n_layer) + (_presets_moe.arch_kvs(p) if p.moe is not None else [])
 
 __all__ = [
     "FILE_TYPES",
@@ -59,6 +72,7 @@ FILE_TYPES: dict[str, int] = {
     "q5_k_m": 17,
     "q6_k": 18,
     "bf16": 32,
+    "mxfp4_moe": 38,  # experts MXFP4, every other weight Q8_0 (gpt-oss's own release)
 }
 
 # bump when the values written for a given (preset, type, seed) change
@@ -100,6 +114,7 @@ TIED_ROW_SPREAD = 0.0
 SPECIAL_ROW_SCALE = 0.1
 NORM_JITTER = 0.05  # norm weights: 1 +- uniform(NORM_JITTER)
 BIAS_STD = 0.02
+SINK_STD = 0.5  # gpt-oss attention sinks: one logit per head, joins each row's softmax
 
 _F32, _F16, _BF16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16
 _Q8_0, _Q4_0 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0
@@ -273,7 +288,7 @@ def tensor_plan(preset: str, qtype: str, n_layer: int | None = None) -> list[Pla
 
     p, ftype = _preset(preset), _ftype(qtype)
     nl = _n_layer(p, n_layer)
-    specs = _presets.tensor_layout(p, nl)
+    specs = _tensor_layout(p, nl)
     # llama.cpp's own choice (llama_tensor_get_type via llama_quant_compute_types). Every ftype
     # in FILE_TYPES has a default type (f16 included: 2-d weights -> f16); -1 means "kept as
     # is" (norms, biases, other 1-d tensors), which we store as f32 like the converter does.
@@ -320,6 +335,8 @@ def _small_values(t: PlannedTensor, p: Preset, seed: int) -> np.ndarray:
         return mean * (1.0 + _uniform(_bitgen(seed, t.name, 0), n, NORM_JITTER / math.sqrt(3)))
     if t.kind == "bias":
         return _uniform(_bitgen(seed, t.name, 0), n, BIAS_STD)
+    if t.kind == "sinks":
+        return _uniform(_bitgen(seed, t.name, 0), n, SINK_STD)
     # longrope frequency divisors, shaped like MiniCPM3's: ~1 for short contexts, growing
     # towards the low frequencies for long ones
     if t.kind == "rope_short":
@@ -345,7 +362,7 @@ def _row_std(t: PlannedTensor, p: Preset, gains: np.ndarray | None) -> np.ndarra
 
 def _tensor_data(t: PlannedTensor, p: Preset, seed: int, token_types: np.ndarray) -> Iterator[np.ndarray]:
     """The tensor's bytes, a few MB at a time."""
-    if t.kind in ("norm", "output_norm", "bias", "rope_short", "rope_long"):
+    if t.kind in ("norm", "output_norm", "bias", "sinks", "rope_short", "rope_long"):
         vals = _small_values(t, p, seed).reshape(-1, t.shape[0])
         yield _encode(t.type_id, vals).reshape(-1)
         return
@@ -414,7 +431,7 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
     w.add_name(f"oallama synthetic {p.name}")
     w.add_file_type(ftype)
     w.add_quantization_version(2)  # GGML_QNT_VERSION
-    for key, val, vt in _presets.arch_kvs(p, nl):
+    for key, val, vt in _arch_kvs(p, nl):
         w.add_key_value(key, val, vt)
     for key, kv in tok.kvs.items():  # GGUFWriter wants arrays as sequences (~0.5 s for 400k items)
         val = kv.value.tolist() if isinstance(kv.value, np.ndarray) else kv.value
@@ -479,8 +496,9 @@ class SynthOptions:
     preset: str = option("tiny", short="-p", choices=list(PRESETS), help="model shape")
     qtype: str = option("q8_0", flag="--type", short="-t", choices=list(FILE_TYPES),
                         help="file type, as llama-quantize names it")
-    seed: int = option(0, help="random seed")
-    layers: int | None = option(None, metavar="N", help="override the layer count", default_help="the preset's")
+    seed: int = option(0, minimum=0, help="random seed")
+    layers: int | None = option(None, minimum=1, metavar="N", help="override the layer count",
+                                default_help="the preset's")
     quiet: bool = option(False, short="-q", help="no progress on stderr")
     shape_only: bool = option(False, help="zero (sparse) tensor data: instant; for inspect/plan at full size, "
                               "not for inference")
@@ -489,8 +507,12 @@ class SynthOptions:
 def _cmd_synth(args: argparse.Namespace) -> int:
     o = from_args(SynthOptions, args)
     t0 = time.perf_counter()
-    path = write_model(o.output, o.preset, o.qtype, seed=o.seed, n_layer=o.layers, progress=not o.quiet,
-                       shape_only=o.shape_only)
+    try:
+        path = write_model(o.output, o.preset, o.qtype, seed=o.seed, n_layer=o.layers, progress=not o.quiet,
+                           shape_only=o.shape_only)
+    except (ValueError, OSError) as e:  # a bad option (layers, seed) or a place that cannot be written
+        what = f"{e.strerror} ({e.filename})" if isinstance(e, OSError) and e.strerror else str(e)
+        raise ModelFileError(f"{o.output}: cannot write the model: {what}") from None
     dt = time.perf_counter() - t0
     from .gguf_file import read
 
@@ -503,7 +525,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add `oallama synth` to the CLI."""
-    lines = [f"  {name:<12} {p.arch:<9} {p.description}" for name, p in PRESETS.items()]
+    lines = [f"  {name:<14} {p.arch:<9} {p.description}" for name, p in PRESETS.items()]
     ap = subparsers.add_parser(
         "synth",
         help="write a synthetic GGUF with a real model's shapes and tokenizer",

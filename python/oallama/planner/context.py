@@ -83,6 +83,22 @@ class Workload:
     def n_ctx(self) -> int:
         return max(256, -(-(self.prompt + self.gen) // 256) * 256)
 
+    def pass_kv(self) -> dict[int, int]:
+        """n_tokens -> the KV length its passes attend over (tokens). llama.cpp pads the KV view
+        to 256 cells: n_kv = min(n_ctx, max(256, pad256(cells used))). Passes of one size at
+        several lengths get their mean, padded (attention is linear in it)."""
+        def pad(used: int) -> int:
+            return min(self.n_ctx, max(256, -(-used // 256) * 256))
+
+        seen: dict[int, list[int]] = {}
+        pos = 0
+        for n in self.ubatches():
+            pos += n
+            seen.setdefault(n, []).append(pad(pos))
+        # the first token comes from the prompt's pass; each further one is a 1-token pass
+        seen.setdefault(1, []).extend(pad(p + 1) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1)))
+        return {n: pad(round(sum(v) / len(v))) for n, v in seen.items()}
+
     def pass_weights(self, objective: str | None = None) -> dict[int, float]:
         """n_tokens -> how often that pass counts in the objective."""
         obj = objective or self.objective
@@ -117,8 +133,10 @@ class PlanContext:
         ttft = sum(costs[n].total_us for n in self.workload.ubatches())
         tpot = costs[1].total_us
         return {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (ttft + (self.workload.gen - 1) * tpot) / 1e3,
-                "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "copy_ms": c.copy_us / 1e3,
-                                    "launch_ms": c.launch_us / 1e3, "splits": c.n_splits, "copies": c.n_copies,
+                "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
+                                    "copy_ms": c.copy_us / 1e3, "launch_ms": c.launch_us / 1e3,
+                                    "overhead_ms": c.overhead_us / 1e3, "acc_ms": c.acc_us / 1e3,
+                                    "total_ms": c.total_us / 1e3, "splits": c.n_splits, "copies": c.n_copies,
                                     "copy_bytes": c.copy_bytes} for n, c in costs.items()}}
 
     def objective_ms(self, p: Placement) -> float:
@@ -148,10 +166,19 @@ def build_context(path: str | Path, acc: str, workload: Workload, *, profile: Pr
     kw = {"devices": [dev.name], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes), "op_offload": op_offload}
     if progress:
         log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
-    with GraphSession(path, **kw) as s:
-        graphs = {n: s.graph(n) for n in sizes}
-    with GraphSession(path, n_gpu_layers=n_layer + 1, **kw) as s:
-        full = {n: s.graph(n) for n in sizes}
+    # each pass's graph at the KV length it runs at (attention's cost grows with it); memory
+    # is counted on the workload's whole context (graphs[1]'s cache leafs are per layer)
+    kv_len = workload.pass_kv()
+    base: dict[tuple[int, int], Graph] = {}  # (n_tokens, n_kv) -> graph, all weights on the host
+    offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
+    for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx}):
+        want = [n for n in sizes if kv_len[n] == n_kv or (n == 1 and n_kv == workload.n_ctx)]
+        for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)):
+            with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv, "n_ubatch": max(want)}) as s:
+                out.update({(n, n_kv): s.graph(n) for n in want})
+    g_mem = base[(1, workload.n_ctx)]
+    graphs = {n: base[(n, kv_len[n])] for n in sizes}
+    full = {n: offl[(n, kv_len[n])] for n in sizes}
     if profile is None:
         if progress:
             log("profiling (cached after the first time)")
@@ -160,10 +187,9 @@ def build_context(path: str | Path, acc: str, workload: Workload, *, profile: Pr
     _check_profile(profile, dev.name, graphs)
     passes = {n: PassModel(graphs[n], profile, dev.name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
               for n in sizes}
-    g1 = graphs[1]
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
-                "flash_attn": False}
-    return PlanContext(model, dev.name, workload, profile, passes, weight_bytes(g1), kv_bytes_per_layer(g1),
+                "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
+    return PlanContext(model, dev.name, workload, profile, passes, weight_bytes(g_mem), kv_bytes_per_layer(g_mem),
                        n_layer, settings)
 
 

@@ -113,7 +113,7 @@ class TargetOp:
     op: str  # MUL_MAT | MUL_MAT_ID
     weight: str
     weight_type: str
-    weight_shape: tuple[int, ...]  # ggml ne: (row length, rows[, experts])
+    weight_shape: tuple[int, ...]  # ggml ne: (row length, rows[, experts]); 3-D for MUL_MAT_ID
     weight_bytes: int  # bytes
     layer: int | None
     n_tokens: int  # activation columns the op multiplies (1 at decode)
@@ -122,6 +122,7 @@ class TargetOp:
     act_out_bytes: int  # bytes of the result
     producers: tuple[int, ...]  # compute nodes whose data it reads (through views)
     consumers: tuple[int, ...]  # compute nodes reading its result (through views)
+    n_expert_used: int = 0  # MUL_MAT_ID: experts each token is routed to (ne[0] of the ids); 0 for MUL_MAT
 
     @property
     def signature(self) -> tuple[str, str, tuple[int, ...], int]:
@@ -143,15 +144,20 @@ def target_ops(graph: Graph) -> list[TargetOp]:
             continue
         w = graph.tensor(n.srcs[0])
         act = graph.tensor(n.srcs[1])
+        n_used = 0
         if n.op == "MUL_MAT":
             cols = act.ne[1] * act.ne[2] * act.ne[3]
             flops = 2 * w.ne[0] * w.ne[1] * cols
-        else:  # MUL_MAT_ID: act [n_embd, n_expert_used, n_tokens]; each token meets n_expert_used experts
-            cols = act.ne[2]
-            flops = 2 * w.ne[0] * w.ne[1] * n.ne[1] * n.ne[2]
+        else:  # MUL_MAT_ID: weight [k, m, n_expert], act [k, 1 or n_expert_used, n_tokens], ids
+            # [n_expert_used, n_tokens] (i32), result [m, n_expert_used, n_tokens]: each token meets
+            # n_expert_used experts
+            cols = n.ne[2]
+            n_used = graph.tensor(n.srcs[2]).ne[0]
+            flops = 2 * w.ne[0] * w.ne[1] * n_used * cols
         producers = tuple(sorted({graph.producer(s) for s in n.srcs[1:] if graph.producer(s) >= 0}))
         out.append(TargetOp(n.index, n.name, n.op, n.weight, w.type, _trim(w.ne), w.nbytes, layer_of(n.weight),
-                            cols, flops, act.nbytes, n.nbytes, producers, tuple(sorted(set(graph.readers(n.index))))))
+                            cols, flops, act.nbytes, n.nbytes, producers, tuple(sorted(set(graph.readers(n.index)))),
+                            n_used))
     return out
 
 

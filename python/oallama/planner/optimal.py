@@ -282,7 +282,8 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
                 return layer_expr(src[1])
             return _Lin(float(src[1]))
 
-        # compute
+        # compute (weight matmuls and, when calibrated, every other op), and the time outside the graph
+        prog.offset += pm.overhead_us * pass_weight
         for i, th in pm.t_host.items():
             prog.add_cost(dev[i].affine(th, pm.t_acc[i] - th), pass_weight)
         # copies: one per (source, direction), sized by the largest read
@@ -310,6 +311,8 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
                     prog.cost[down] += down_cost * pass_weight
                 prog.geq(_Lin(0, {up: 1}), c.minus(se))
                 prog.geq(_Lin(0, {down: 1}), se.minus(c))
+        if pm.readback is not None:  # the logits, read back when computed on the accelerator
+            prog.add_cost(dev[pm.readback[0]].affine(0.0, pm.d2h.time_us(pm.readback[1])), pass_weight)
         # launches: the first split, then every switch of device along the order
         prog.add_cost(dev[pm.order[0]].affine(pm.launch[0], pm.launch[1] - pm.launch[0]), pass_weight)
         for i, j in zip(pm.order, pm.order[1:], strict=False):

@@ -15,7 +15,6 @@ against it.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._files import write_json
 from ..errors import PlanError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
@@ -122,7 +122,10 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
-        p.write_text(json.dumps(self.to_json(), indent=1))
+        try:
+            write_json(p, self.to_json())  # atomic: a failed write leaves no partial plan
+        except OSError as e:
+            raise PlanError(f"{p}: cannot write the plan: {e.strerror or e}") from None
         return p
 
 
@@ -184,10 +187,10 @@ class PlanOptions:
     gpu_budget: str = option(help="bytes ('12GiB') or a share of the weights ('50%')")
     device: str | None = option(None, help="the accelerator", default_help="the first GPU")
     rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
-    rpc_threads: int = option(1, help="threads of that rpc-server")
+    rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
     strategy: str = option("optimal", choices=STRATEGIES, help="the plan to show and write")
     workload: Workload = group(Workload)
-    threads: int | None = option(None, help="CPU threads", default_help="the profiler's")
+    threads: int | None = option(None, minimum=1, help="CPU threads", default_help="the profiler's")
     profile: Path | None = option(None, help="use this profile JSON instead of measuring (or the cache)")
     time_limit: float = option(TIME_LIMIT_S, help="seconds the exact solver may search per mode (the best plan "
                                "found is kept)")
@@ -203,7 +206,8 @@ def layer_table(ctx: PlanContext, plan: Plan) -> str:
     gain: dict[str, float] = {}
     for n, pm in ctx.passes.items():
         dev = pm.cost(plan.placement).on_acc
-        for i, th in pm.t_host.items():
+        for i in pm.targets:
+            th = pm.t_host[i]
             w = pm.graph.nodes[i].weight
             gain[w] = gain.get(w, 0.0) + pw.get(n, 0.0) * (th - (pm.t_acc[i] if dev[i] else th)) / 1e3
     rows: dict[str, list[str]] = {}
@@ -228,6 +232,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..runtime.rpc import local_server_if
 
     o = from_args(PlanOptions, args)
+    parse_budget(o.gpu_budget, gguf_file.check_model(o.model).weight_bytes)  # refuse a bad budget before any work
     with local_server_if(o.rpc_local and not o.device, o.rpc_threads) as server:
         if o.device:
             acc = devmod.resolve(o.device).name

@@ -35,9 +35,12 @@ from .._version import __version__
 from ..errors import ProfileError
 from ..options import add_arguments, from_args, option
 from ..runtime import devices as devmod
+from ..runtime import rpc as rpcmod
+from .calibrate import VERSION as CALIBRATION_VERSION
+from .calibrate import Calibration, calibrate
 from .graph import Inventory, TargetOp, inventory
 
-SCHEMA = "oallama.profile/1"
+SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
 
 
@@ -55,9 +58,12 @@ class Settings:
     op_offload: bool = True
     mmap: bool = True
     repack: bool = True  # llama.cpp's use_extra_bufts (CPU weight repacking)
+    calibrate: bool = False  # the real graph was timed too (calibrate.py)
+    server_threads: int = 0  # threads of the rpc-server measured (0: none, or not known)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack}
+        return {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack,
+                "calibrate": self.calibrate, "server_threads": self.server_threads}
 
 
 def build_info() -> dict[str, Any]:
@@ -106,6 +112,7 @@ class Profile:
     links: dict[str, dict[str, Link]]  # device -> {"h2d": Link, "d2h": Link}
     created: float = field(default_factory=time.time)
     elapsed_s: float = 0.0
+    calibration: Calibration | None = None  # terms fitted on the real graph (calibrate.py)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -145,7 +152,8 @@ class Profile:
         ren = dict(zip(old, names, strict=True))
         return Profile(self.key, self.model_shapes, {ren[k]: v for k, v in self.devices.items()}, self.settings,
                        self.build, {ren[k]: v for k, v in self.ops.items()},
-                       {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s)
+                       {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s,
+                       self.calibration.renamed(ren) if self.calibration is not None else None)
 
     def link(self, device: str, direction: str) -> Link:
         if device not in self.links:
@@ -153,7 +161,20 @@ class Profile:
         return self.links[device][direction]
 
     def launch_us(self, device: str) -> float:
+        """One tiny graph run and waited for (us): what every op's profiled time includes."""
         return float(self.devices.get(device, {}).get("launch_us", 0.0))
+
+    def issue_us(self, device: str) -> float:
+        """One graph handed to the device (us): what a split costs the host in a pass (an
+        rpc-server is sent its work, not waited for; other backends: the same as launch_us)."""
+        d = self.devices.get(device, {})
+        return float(d.get("issue_us", d.get("launch_us", 0.0)))
+
+    def compute_us(self, device: str, op: TargetOp) -> float:
+        """The op's own compute (us): its profiled time less the launch it includes (at least a
+        tenth of it: a launch measured slower than a small op is noise, not a negative cost)."""
+        t = self.op_time_us(device, op)
+        return max(t - self.launch_us(device), 0.1 * t)
 
     # --- persistence --------------------------------------------------------------------------
 
@@ -163,16 +184,31 @@ class Profile:
                 "links": {d: {k: {"latency_us": v.latency_us, "bytes_per_us": v.bytes_per_us, "samples": v.samples}
                               for k, v in ls.items()} for d, ls in self.links.items()},
                 "created": self.created, "elapsed_s": self.elapsed_s,
+                "calibration": self.calibration.to_json() if self.calibration is not None else None,
                 "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name()}}
 
     @staticmethod
     def from_json(doc: dict[str, Any], path: str | Path = "<profile>") -> Profile:
-        if doc.get("schema") != SCHEMA:
-            raise ProfileError(f"{path}: not an oallama profile (schema {doc.get('schema')!r}, expected {SCHEMA})")
-        links = {d: {k: Link(v["latency_us"], v["bytes_per_us"], [tuple(s) for s in v["samples"]])
-                     for k, v in ls.items()} for d, ls in doc["links"].items()}
-        return Profile(doc["key"], doc["model_shapes"], doc["devices"], Settings(**doc["settings"]), doc["build"],
-                       doc["ops"], links, doc.get("created", 0.0), doc.get("elapsed_s", 0.0))
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        if schema != SCHEMA:
+            raise ProfileError(f"{path}: not an oallama profile (schema {schema!r}, expected {SCHEMA})")
+        try:
+            links = {d: {k: Link(float(v["latency_us"]), float(v["bytes_per_us"]), [tuple(s) for s in v["samples"]])
+                         for k, v in ls.items()} for d, ls in doc["links"].items()}
+            prof = Profile(doc["key"], doc["model_shapes"], doc["devices"], Settings(**doc["settings"]),
+                           doc["build"], doc["ops"], links, doc.get("created", 0.0), doc.get("elapsed_s", 0.0))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProfileError(f"{path}: corrupt oallama profile: missing or bad field "
+                               f"({type(e).__name__}: {e})") from None
+        if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops)) or \
+                not all(isinstance(t, dict) for t in prof.ops.values()):
+            raise ProfileError(f"{path}: corrupt oallama profile: 'devices', 'build' and 'ops' must be mappings")
+        if doc.get("calibration"):
+            try:
+                prof.calibration = Calibration.from_json(doc["calibration"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise ProfileError(f"{path}: corrupt calibration in the profile ({type(e).__name__}: {e})") from None
+        return prof
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -184,7 +220,15 @@ class Profile:
 
     @staticmethod
     def load(path: str | Path) -> Profile:
-        return Profile.from_json(read_json(path, "profile", ProfileError), path)
+        prof = Profile.from_json(read_json(path, "profile", ProfileError), path)
+        here = build_info()
+        diff = [k for k in sorted(set(here) | set(prof.build)) if prof.build.get(k) != here.get(k)]
+        if diff:  # measured with other llama.cpp code: its times are not this build's
+            raise ProfileError(f"{path}: profile was measured by another build ({', '.join(diff)}: "
+                               f"{', '.join(f'{prof.build.get(k)!r}' for k in diff)}; this build has "
+                               f"{', '.join(f'{here.get(k)!r}' for k in diff)}); measure again with "
+                               "`oallama profile`")
+        return prof
 
 
 def _cpu_name() -> str:
@@ -215,16 +259,18 @@ def device_identity(d: devmod.Device) -> str:
     """What a measurement on `d` is valid for. An rpc-server on this machine is the same device
     whatever port it listens on (oallama starts them on free ports)."""
     if d.kind == "rpc":
-        host = devmod.parse_endpoint(d.description)[0]
+        host, port = devmod.parse_endpoint(d.description)
         if host in ("127.0.0.1", "localhost", "::1"):
-            return f"rpc:loopback:{_cpu_name()}"
+            # the server's times depend on its threads (any port: oallama starts them on free ones)
+            return f"rpc:loopback:{_cpu_name()}:threads={rpcmod.server_threads(host, port) or 'default'}"
         return f"rpc:{d.description}"
     return f"{d.kind}:{d.name}:{d.description}"
 
 
 def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) -> str:
-    doc = {"shapes": shapes, "devices": [device_identity(d) for d in devs], "settings": settings.as_dict(),
-           "build": build_info()}
+    doc = {"schema": SCHEMA, "shapes": shapes, "devices": [device_identity(d) for d in devs],
+           "settings": settings.as_dict(), "build": build_info(),
+           "calibration": CALIBRATION_VERSION if settings.calibrate else None}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -255,22 +301,42 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     # with a GPU-class device in the load, llama.cpp keeps host weights in its pinned host buffer
     # type (plain layout), ahead of the repacked ones: time the CPU's ops in that memory
     host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
+    # MUL_MAT_ID signatures -> the experts each token is routed to (ne[0] of the ops' ids)
+    routed: dict[tuple[str, str, tuple[int, ...]], set[int]] = {}
+    for g in inv.graphs:
+        for o in inv.target_ops(g):
+            if o.op == "MUL_MAT_ID":
+                routed.setdefault((o.op, o.weight_type, o.weight_shape), set()).add(o.n_expert_used)
     for d in devs:
         threads = settings.threads if d.is_host else 1
         launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
-        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch.samples_us)}
+        issue = _core.profile_launch(d.name, threads, warmup, max(repeats, 5), wait=False)
+        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch.samples_us),
+                        "issue_us": statistics.median(issue.samples_us)}
         for (op, wtype, shape), ns in sorted(sigs.items()):
-            if op != "MUL_MAT":
-                raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape})")
             cols = sorted(ns)
+            extra: list[dict[str, Any]] = [{} for _ in cols]
             try:
-                res = _core.profile_mul_mat(d.name, wtype, shape[0], shape[1], cols, threads, warmup, repeats,
-                                            settings.repack, host_of)
+                if op == "MUL_MAT":
+                    res = _core.profile_mul_mat(d.name, wtype, shape[0], shape[1], cols, threads, warmup, repeats,
+                                                settings.repack, host_of)
+                elif op == "MUL_MAT_ID" and len(shape) == 3 and len(routed.get((op, wtype, shape), ())) == 1:
+                    # experts [k, m, n_expert]; each of n tokens routed to n_used of them, spread so that
+                    # min(n_expert, n * n_used) distinct experts are active (every expert's weights are
+                    # read once a batch is large enough, as with real routing)
+                    (n_used,) = routed[(op, wtype, shape)]
+                    active = [min(shape[2], n * n_used) for n in cols]
+                    res = _core.profile_mul_mat_id(d.name, wtype, shape[0], shape[1], shape[2], n_used, cols, active,
+                                                   threads, warmup, repeats, settings.repack, host_of)
+                    extra = [{"n_expert_used": n_used, "n_active": a} for a in active]
+                else:
+                    raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
+                                       f"{sorted(routed.get((op, wtype, shape), ()))})")
             except RuntimeError as e:
                 raise ProfileError(str(e)) from None
-            for n, r in zip(cols, res, strict=True):
+            for n, r, x in zip(cols, res, extra, strict=True):
                 ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
-                                                                    "buffer_type": r.buffer_type}
+                                                                    "buffer_type": r.buffer_type, **x}
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
@@ -294,10 +360,14 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
 def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | None = None,
                   n_tokens: Sequence[int] = DEFAULT_TOKENS, n_ctx: int = 4096, op_offload: bool = True,
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
-                  progress: bool = True, inv: Inventory | None = None) -> Profile:
+                  progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
+                  server_threads: int = 0) -> Profile:
     """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
-    with the same key. `threads` defaults to llama-cpp-python's default for generation."""
-    settings = Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack)
+    with the same key. `threads` defaults to llama-cpp-python's default for generation.
+    calibrated: also time the real graph (calibrate.py); server_threads: threads of the
+    rpc-server among `devices`, when known (part of the key: the times depend on it)."""
+    settings = Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
+                        server_threads)
     if inv is None:
         inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx)
     devs = [devmod.resolve(d) for d in devices]
@@ -312,6 +382,10 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
         except (ProfileError, KeyError, ValueError):
             pass  # unreadable: measure again
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
+    if calibrated:
+        prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
+                                     op_offload=op_offload, mmap=mmap, progress=progress)
+        prof.elapsed_s += prof.calibration.elapsed_s
     if cache:
         prof.save(cached)
     return prof
@@ -332,6 +406,8 @@ class ProfileOptions:
     tokens: list[int] = option(list(DEFAULT_TOKENS), help="token counts to profile at")
     repeats: int = option(5, help="timed runs per op (median and spread)")
     cache: bool = option(True, help="reuse a matching cached profile (--no-cache: measure again)")
+    calibrate: bool = option(True, help="also time the model's real graph and fit what one-op timings miss "
+                             "(other ops, overheads; see planner/calibrate.py)")
     output: Path | None = option(None, short="-o", help="also write the profile to this file")
 
 
@@ -349,13 +425,21 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             acc = devmod.default_accelerator()
             if acc is not None:
                 devices.append(acc.name)
+        server_threads = o.rpc_threads if server is not None else 0
         prof = profile_model(o.model, devices, threads=o.threads, n_tokens=sorted(set(o.tokens)), cache=o.cache,
-                             repeats=o.repeats)
+                             repeats=o.repeats, calibrated=o.calibrate, server_threads=server_threads)
         print(f"profile {prof.key[:12]}: devices {', '.join(prof.devices)}; threads={prof.settings.threads}; "
               f"{sum(len(v) for v in prof.ops.values())} measurements in {prof.elapsed_s:.1f} s")
         for dev, ls in prof.links.items():
             for k, link in ls.items():
                 print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
+        cal = prof.calibration
+        if cal is not None:
+            print(f"  calibration ({cal.elapsed_s:.1f} s): outside the graph {cal.pass_a_us:.0f} us per pass "
+                  f"+ {cal.pass_b_us:.2f} us per token")
+            for dev, dc in cal.devices.items():
+                print(f"  {dev}: {len(dc.ops) - 1} op kinds fitted; weight matmuls {dc.matmul_scale:.2f} x their "
+                      f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone")
         if o.output:
             print(f"wrote {prof.save(o.output)}")
     return 0

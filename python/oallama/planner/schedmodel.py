@@ -16,13 +16,17 @@ scheduler's node -> device assignment (ggml-backend.cpp, ggml_backend_sched_spli
 
 and then costs the assignment (microseconds):
 
-  compute  each target op (weight MUL_MAT) at its measured time on its device; other ops are
-           taken as free (seed 000, finding 2: they are 100-1000x cheaper than the matmuls);
-  copies   each tensor read on a device other than its own is copied once to that device:
-           T'(bytes) = latency + bytes / bandwidth of that direction (profiled); a streamed
-           weight is such a copy of the whole weight;
-  splits   each change of device along the graph order starts a split: the launch cost of
-           the device it switches to (profiled).
+  compute  each weight matmul at its profiled time on its device, less the launch that time
+           includes (`Profile.compute_us`), times the device's real-graph scale; with a
+           calibration (calibrate.py), every other non-view op too, at its device's fitted cost
+           (attention grows with the KV length of the graph the pass model was built for);
+  copies   each tensor read on a device other than its own is copied once to that device, and
+           the logits, when computed on the accelerator, are read back to the host:
+           T'(bytes) = latency + bytes / bandwidth of that direction (profiled: to the device as
+           handed over, back as waited for); a streamed weight is such a copy of the whole weight;
+  splits   each change of device along the graph order starts a split: the device's issue cost
+           (a graph handed over; profiled);
+  outside  the pass's time outside its graph (calibrated: a + b * n_tokens).
 
 tests/test_plan.py checks the assignment against the real scheduler on random placements.
 """
@@ -34,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
+from .calibrate import Calibration, work
 from .graph import Graph, Node
 from .profile import Profile
 
@@ -81,17 +86,20 @@ Kind = tuple
 
 @dataclass
 class PassCost:
-    compute_us: float
+    compute_us: float  # weight matmuls
     copy_us: float
     launch_us: float
     n_splits: int
     n_copies: int
     copy_bytes: int
     on_acc: dict[int, bool]  # node index -> runs on the accelerator
+    other_us: float = 0.0  # every other op (calibrated; 0 without a calibration)
+    overhead_us: float = 0.0  # outside the graph (calibrated)
+    acc_us: float = 0.0  # of compute + other: on the accelerator
 
     @property
     def total_us(self) -> float:
-        return self.compute_us + self.copy_us + self.launch_us
+        return self.compute_us + self.other_us + self.copy_us + self.launch_us + self.overhead_us
 
 
 class PassModel:
@@ -110,6 +118,9 @@ class PassModel:
         # a host weight's op can be streamed only from plain host memory (not CPU_REPACK)
         self.streamable = {lf.weight: lf.host_buffer for lf in graph.leafs if lf.weight}
         self.order = [n.index for n in graph.nodes if not n.is_view]  # what the scheduler walks
+        # the logits, which llama.cpp reads back to the host after the pass: (node, bytes)
+        outs = [i for i in self.order if graph.nodes[i].is_output]
+        self.readback: tuple[int, int] | None = (outs[-1], graph.nodes[outs[-1]].nbytes) if outs else None
         pins_full = {n.index for n in graph.nodes if n.caller_pinned}
         if full_graph is not None:
             if [n.name for n in full_graph.nodes] != [n.name for n in graph.nodes]:
@@ -141,17 +152,42 @@ class PassModel:
             if k[0] == "w" and acc not in graph.nodes[i].supported_on:
                 self.acc_ok[k[1]] = False
         # cost coefficients (us)
-        self.t_host: dict[int, float] = {}
+        self.t_host: dict[int, float] = {}  # node index -> us on the host (weight matmuls, then other ops)
         self.t_acc: dict[int, float] = {}
+        self.targets: set[int] = set()  # the weight matmuls among them
+        self.overhead_us = 0.0  # the pass's time outside its graph
         if profile is not None:
             from .graph import target_ops
 
+            cal = profile.calibration
+            scale = {d: (cal.devices[d].matmul_scale if cal is not None and d in cal.devices else 1.0)
+                     for d in (HOST, acc)}
             for op in target_ops(graph):
-                self.t_host[op.index] = profile.op_time_us(HOST, op)
-                self.t_acc[op.index] = profile.op_time_us(acc, op)
+                self.targets.add(op.index)
+                self.t_host[op.index] = profile.compute_us(HOST, op) * scale[HOST]
+                self.t_acc[op.index] = profile.compute_us(acc, op) * scale[acc]
+            if cal is not None:
+                self._other_ops(cal)
             self.h2d = profile.link(acc, "h2d")
             self.d2h = profile.link(acc, "d2h")
-            self.launch = {0: profile.launch_us(HOST), 1: profile.launch_us(acc)}
+            self.launch = {0: profile.issue_us(HOST), 1: profile.issue_us(acc)}
+
+    def _other_ops(self, cal: Calibration) -> None:
+        """Every non-view node that is not a weight matmul, at its calibrated cost per device (a
+        device the calibration did not see costs what the host does)."""
+        host = cal.devices.get(HOST)
+        acc = cal.devices.get(self.acc, host)
+        if host is None or acc is None:
+            return
+        for i in self.order:
+            if i in self.targets:
+                continue
+            n = self.graph.nodes[i]
+            srcs = [self.graph.tensor(s) for s in n.srcs]
+            w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs))
+            self.t_host[i] = host.node_time_us(n.op, w)
+            self.t_acc[i] = acc.node_time_us(n.op, w)
+        self.overhead_us = cal.pass_overhead_us(self.n_tokens)
 
     # --- structure ----------------------------------------------------------------------------
 
@@ -251,7 +287,15 @@ class PassModel:
 
     def cost(self, p: Placement) -> PassCost:
         dev = self.assign(p)
-        compute = sum(self.t_acc[i] if dev[i] else self.t_host[i] for i in self.t_host)
+        compute = other = on_acc = 0.0
+        for i, th in self.t_host.items():
+            t = self.t_acc[i] if dev[i] else th
+            if i in self.targets:
+                compute += t
+            else:
+                other += t
+            if dev[i]:
+                on_acc += t
         copies: set[tuple[tuple, bool]] = set()
         for i in self.order:
             for src, _ in self.reads[i]:
@@ -260,13 +304,16 @@ class PassModel:
         # a tensor read on the other device is copied once, sized by its largest read
         sizes = {(src, d): self.read_bytes[src] for src, d in copies}
         copy_us = sum((self.h2d if to_acc else self.d2h).time_us(b) for (_, to_acc), b in sizes.items())
+        if self.readback is not None and dev[self.readback[0]]:  # the logits come back from the accelerator
+            copy_us += self.d2h.time_us(self.readback[1])
         splits, launch, last = 0, 0.0, None
         for i in self.order:
             if dev[i] != last:
                 splits += 1
                 launch += self.launch[int(dev[i])]
                 last = dev[i]
-        return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev)
+        return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev, other,
+                        self.overhead_us, on_acc)
 
 
 def weight_bytes(graph: Graph) -> dict[str, int]:

@@ -151,7 +151,8 @@ def place_affinity(ctx: PlanContext, weight_budget: float) -> tuple[Placement, d
     tc: dict[str, float] = {}
     tg: dict[str, float] = {}
     for n, pm in ctx.passes.items():
-        for i, t in pm.t_host.items():
+        for i in pm.targets:
+            t = pm.t_host[i]
             w = pm.graph.nodes[i].weight
             tc[w] = tc.get(w, 0.0) + pw.get(n, 0.0) * t
             tg[w] = tg.get(w, 0.0) + pw.get(n, 0.0) * pm.t_acc[i]
@@ -168,7 +169,7 @@ def place_affinity(ctx: PlanContext, weight_budget: float) -> tuple[Placement, d
         for n, pm in ctx.passes.items():
             dev = pm.assign(p)
             pos = {i: k for k, i in enumerate(pm.order)}
-            for i in pm.t_host:
+            for i in pm.targets:
                 node = pm.graph.nodes[i]
                 t = 0.0
                 for src, nbytes in pm.reads[i]:

@@ -42,6 +42,20 @@ class Generation:
         return self.token_times_s[-1] if self.token_times_s else 0.0
 
 
+_PROMPT_TEXT = ("The history of computing is a history of moving data to where the arithmetic happens. "
+                "Every generation of hardware changes which operations are cheap and which are slow, "
+                "and the software that decides where each piece of work runs has to follow. ")
+
+
+def prompt_tokens(llm: Any, n: int) -> list[int]:
+    """Exactly n tokens (BOS first) of a fixed English text: the same prompt for every placement."""
+    toks = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=True))
+    body = list(llm.tokenize(_PROMPT_TEXT.encode(), add_bos=False)) or [toks[-1]]
+    while len(toks) < n:
+        toks += body
+    return toks[:n]
+
+
 def timed_generate(llm: Any, prompt: str | Sequence[int], n_gen: int, *, temperature: float = 0.0,
                    seed: int | None = None) -> Generation:
     """Greedy (or sampled) generation of exactly n_gen tokens, EOS ignored, timed per token."""
@@ -137,11 +151,11 @@ class RunOptions:
     plan_prompt: int = option(64, help="prompt length the plan optimises for")
     ubatch: int = option(512, help="llama.cpp's n_ubatch")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
-    rpc_threads: int = option(1, help="threads of that rpc-server")
+    rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
     prompt: str = option("The quick brown fox", short="-p", help="the prompt")
     n: int = option(32, flag="-n", help="tokens to generate")
     ctx: int = option(512, help="context length")
-    threads: int | None = option(None, help="CPU threads", default_help="llama-cpp-python's")
+    threads: int | None = option(None, minimum=1, help="CPU threads", default_help="llama-cpp-python's")
     temperature: float = option(0.0, help="sampling temperature (0: greedy)")
     seed: int = option(1234, help="sampling seed")
     verbose: bool = option(False, help="show llama.cpp's log")

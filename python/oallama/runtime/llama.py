@@ -32,11 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import llama_cpp
 import llama_cpp.llama_cpp as _C
 
 from .. import _core
-from ..errors import ClosedError, PlanError
+from ..errors import (
+    ClosedError,
+    ModelFileError,
+    OallamaError,
+    PlacementError,
+    PlanError,
+    RpcServerError,
+    UnknownDeviceError,
+)
 from ..model import gguf_file
 from . import devices as devmod
 from . import place, planfile
@@ -160,7 +169,7 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, devices: Sequence[str] | None = None,
                  placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
                  device: str | None = None, workload: Any = None, profile: Any = None, **kwargs: Any) -> None:
-        self.model_info = gguf_file.check_model(model_path)
+        self.model_info = gguf_file.check_model(model_path, vocab_only=bool(kwargs.get("vocab_only")))
         req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile)
         if devices is None and req.devices is not None:
             devices = req.devices
@@ -181,10 +190,27 @@ class Llama(llama_cpp.Llama):
         self.load_spec: place.LoadSpec | None = None
         self._native_load_params: _NativeLoadParams | None = None
         if devices is not None or req.assignment is not None or req.raw_overrides:
-            self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices, req.raw_overrides or ())
+            try:
+                self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices,
+                                                       req.raw_overrides or ())
+            except (UnknownDeviceError, RpcServerError, PlacementError) as e:
+                if not isinstance(placement, str | Path) or not Path(placement).is_file():
+                    raise
+                raise type(e)(f"{placement}: {e}") from None  # a plan file's device that is not here
             self._native_load_params = _NativeLoadParams(self.load_spec)
         with _model_params_hook(self._native_load_params):
-            super().__init__(model_path, *args, **kwargs)
+            try:
+                super().__init__(model_path, *args, **kwargs)
+            except jinja2.TemplateError as e:  # llama_cpp compiles the GGUF's chat templates
+                raise ModelFileError(f"{model_path}: a chat template in the model (tokenizer.chat_template) is "
+                                     f"not valid Jinja: {e}") from None
+            except ValueError as e:
+                # llama_cpp's "Failed to load model from file: PATH": llama.cpp refused a file that
+                # oallama's header checks let through (its reason is in llama.cpp's log)
+                if isinstance(e, OallamaError) or not str(e).startswith("Failed to load model"):
+                    raise
+                raise ModelFileError(f"{model_path}: llama.cpp refused the model (its log, with verbose=True, "
+                                     f"says why): {e}") from None
         # typed handles, taken once from llama-cpp-python's owners (Llama._model / Llama._ctx, its
         # _internals wrappers): they keep the owners alive and raise ClosedError after close()
         self._native_model: _core.Model | None = _core.Model(self._model)

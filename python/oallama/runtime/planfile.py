@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import read_json
-from ..errors import PlanError
+from ..errors import OallamaError, PlanError
 
 if TYPE_CHECKING:
     from ..model.gguf_file import GGUFInfo
@@ -61,12 +61,17 @@ def read_placement_file(path: str | Path) -> dict[str, Any]:
     doc = read_json(p, "placement/plan file", PlanError)
     if not isinstance(doc, dict) or not isinstance(doc.get("placement"), dict):
         raise PlanError(f"{p}: expected a JSON object with a 'placement' mapping of weight name -> device")
+    bad = next((w for w, d in doc["placement"].items() if not isinstance(d, str)), None)
+    if bad is not None:
+        raise PlanError(f"{p}: placement of '{bad}' is {doc['placement'][bad]!r}, not a device name")
     return doc
 
 
 def check_model(doc: Mapping[str, Any], path: Path, model: GGUFInfo | None) -> None:
     """Refuse a plan made for another model (the plan's model identity vs the GGUF's)."""
     ident = doc["model"].get("identity") if isinstance(doc.get("model"), dict) else None
+    if ident is not None and not isinstance(ident, str):
+        raise PlanError(f"{path}: the plan's model identity is {ident!r}, not a string")
     if model is not None and ident and ident != model.identity():
         raise PlanError(f"{path}: plan was made for model '{doc['model'].get('name', '?')}' "
                         f"(identity {ident[:12]}), not {model.path.name} ({model.identity()[:12]})")
@@ -80,7 +85,7 @@ def read_document(path: str | Path, model: GGUFInfo | None = None, schema: str |
     found = doc.get("schema")
     if schema is not None and found != schema:
         raise PlanError(f"{p}: schema {found!r}, expected {schema!r}")
-    if found not in _READERS:
+    if not isinstance(found, str | None) or found not in _READERS:
         known = ", ".join(s for s in _READERS if s)
         raise PlanError(f"{p}: unsupported plan schema {found!r} (this oallama reads {known})")
     check_model(doc, p, model)
@@ -90,7 +95,13 @@ def read_document(path: str | Path, model: GGUFInfo | None = None, schema: str |
 def read(path: str | Path, model: GGUFInfo | None = None) -> LoadRequest:
     """The load request of a plan or placement file, through the reader of its schema."""
     doc = read_document(path, model)
-    return _READERS[doc.get("schema")](doc, Path(path), model)
+    try:
+        return _READERS[doc.get("schema")](doc, Path(path), model)
+    except OallamaError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field of the wrong shape
+        raise PlanError(f"{path}: malformed {doc.get('schema') or 'placement'} plan "
+                        f"({type(e).__name__}: {e})") from None
 
 
 def operator_plan_request(doc: dict[str, Any]) -> LoadRequest:

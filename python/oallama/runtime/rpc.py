@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -31,6 +32,37 @@ from ..errors import RpcServerError
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _live: weakref.WeakSet[RpcServer] = weakref.WeakSet()
+
+
+def listening_pid(host: str, port: int) -> int | None:
+    """pid of the process on this machine listening on host:port (None: not local, or unknown)."""
+    if host not in _LOOPBACK:
+        return None
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return int(c.pid)
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return None
+
+
+def server_threads(host: str, port: int) -> int | None:
+    """CPU threads of the local rpc-server on host:port, from its command line (`-t N`); None
+    when it is not local, not readable, or runs with rpc-server's default."""
+    pid = listening_pid(host, port)
+    if pid is None:
+        return None
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for flag, value in itertools.pairwise(args):
+        if flag in (b"-t", b"--threads") and value.isdigit():
+            return int(value)
+    return None
 
 
 def _free_port(host: str, port: int = 0) -> int:

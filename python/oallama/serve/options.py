@@ -48,7 +48,7 @@ class ServeOptions:
     devices: list[str] | None = option(None, help="devices the model may use, e.g. CPU,RPC[127.0.0.1:50052]")
     device: str | None = option(None, help="the accelerator to plan for (default: the first GPU, else --rpc-local's)")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
-    rpc_threads: int = option(1, help="threads of that rpc-server")
+    rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
     plan_prompt: int = option(512, help="prompt tokens of the workload a --gpu-budget plan optimises for")
     plan_gen: int = option(128, help="generated tokens of that workload")
     profile: Path | None = option(None, help="profile JSON to plan with (default: measured once, then cached)")
@@ -59,7 +59,7 @@ class ServeOptions:
     alias: str | None = option(None, default_help="the file name without .gguf",
                                help="model name clients ask for (the 'model' field)")
     ctx: int = option(2048, help="context size in tokens (llama.cpp's n_ctx)")
-    threads: int | None = option(None, default_help="llama-cpp-python's", help="CPU threads")
+    threads: int | None = option(None, minimum=1, default_help="llama-cpp-python's", help="CPU threads")
     ubatch: int = option(512, help="llama.cpp's n_ubatch")
     chat_format: str | None = option(None, default_help="the GGUF's chat template",
                                      help="llama-cpp-python chat format, e.g. chatml")

@@ -1,0 +1,419 @@
+"""Calibration in the real graph: what the one-op profile cannot see.
+
+The profile times each weight-bearing matmul alone. A real pass also runs every other op
+(norms, rope, attention's KQ / softmax / KQV over the KV cache, copies into the cache, glue),
+pays a fixed cost outside the graph (graph build or reuse, inputs, logits back to the host,
+sampling, Python), and its weight matmuls may run faster or slower than alone. Calibration
+runs the model's real graph through llama.cpp with the scheduler's eval callback
+(`_core.NodeTimer`) and fits, per device:
+
+  node_overhead_us   what timing an op alone adds (its own launch + synchronisation), from the
+                     same splits run node by node and whole (`node_overhead_us`);
+  ops[op]            every other op:  us = a + b * work, least squares over the nodes seen on
+                     that device (work = multiply-adds of an activation x activation matmul,
+                     else bytes read + written; see `work`);
+  matmul_scale       real-graph / profile compute time of the weight matmuls (ratio of sums);
+  anchor             both scaled so that the timed splits' nodes sum to the splits' measured
+                     times (node-by-node times give the shares, whole splits the totals);
+
+and `pass_us = a + b * n_tokens`: a pass's wall time outside its graph (llama.cpp's decode
+around the graph, paired with the graph's own time within each split-mode run, plus sampling the
+token), from the host load (with an accelerator, reading its results back is the model's copies).
+
+Two loads are timed: every layer on the host (op offload off: nothing streams), and every
+layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and one prefill
+size. Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import _core
+from ..errors import OallamaError, ProfileError
+
+VERSION = 5  # of the method: part of a calibrated profile's cache key
+VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
+MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
+
+
+def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
+    """What a non-weight op's time grows with: multiply-adds for a matmul of two activations
+    (KQ, KQV: K = src0's row length), else bytes read + written."""
+    if op in MATMUL_OPS and src_ne:
+        return float(src_ne[0][0]) * math.prod(ne)
+    return float(nbytes + src_bytes)
+
+
+@dataclass
+class OpFit:
+    """us = a_us + b_us * work, fitted on n nodes (max relative residual kept for the record)."""
+
+    a_us: float
+    b_us: float
+    n: int
+    max_rel_err: float = 0.0
+
+    def time_us(self, w: float) -> float:
+        return self.a_us + self.b_us * w
+
+    @staticmethod
+    def fit(points: Sequence[tuple[float, float]]) -> OpFit:
+        """Least squares with a >= 0, b >= 0 (points: (work, us))."""
+        xs = [x for x, _ in points]
+        ys = [y for _, y in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
+        if b < 0:
+            b = 0.0
+        a = my - b * mx
+        if a < 0:  # through the origin
+            a = 0.0
+            sxx = sum(x * x for x in xs)
+            b = sum(x * y for x, y in points) / sxx if sxx > 0 else 0.0
+        err = max((abs(a + b * x - y) / y for x, y in points if y > 0), default=0.0)
+        return OpFit(a, b, len(points), err)
+
+
+@dataclass
+class DeviceCalibration:
+    node_overhead_us: float  # us added by timing one node alone
+    ops: dict[str, OpFit]  # non-weight op -> fit; "*" fits all of them together (fallback)
+    matmul_scale: float  # real-graph / profile time of weight matmuls (ratio of sums; 1.0 if none seen)
+    n_matmuls: int = 0
+    anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
+
+    def node_time_us(self, op: str, w: float) -> float:
+        if op in VIEW_OPS:
+            return 0.0
+        f = self.ops.get(op) or self.ops.get("*")
+        return f.time_us(w) if f is not None else 0.0
+
+
+@dataclass
+class Calibration:
+    devices: dict[str, DeviceCalibration]
+    pass_a_us: float  # us per pass outside the graph
+    pass_b_us: float  # us per token of the pass outside the graph
+    elapsed_s: float = 0.0
+    points: list[dict[str, Any]] = field(default_factory=list)  # the measurements the fits come from
+    splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
+
+    def pass_overhead_us(self, n_tokens: int) -> float:
+        return self.pass_a_us + self.pass_b_us * n_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> Calibration:
+        devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
+                                     v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0))
+                for d, v in doc["devices"].items()}
+        return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
+                           doc.get("splits", []))
+
+    def renamed(self, ren: dict[str, str]) -> Calibration:
+        return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
+                           self.elapsed_s, self.points, self.splits)
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    wall_us: float  # the eval call, until the device finished (llama_synchronize)
+    nodes: list[_core.NodeTime]
+
+
+def _sync(llm: Any) -> None:
+    """Wait for the context's queued work: llama.cpp's decode returns once the graph is handed
+    over (an rpc-server may still be computing); sampling would wait here."""
+    import llama_cpp
+
+    llama_cpp.llama_synchronize(llm._ctx.ctx)
+
+
+def _timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int],
+                stops: list[int]) -> _Run:
+    """One eval of `toks` after `prefix`, as the generation loop runs it: a prompt's pass
+    follows a pass of another size (its graph is built anew), a decode pass follows one of its
+    own size (llama.cpp reuses that graph)."""
+    if timer is not None:
+        timer.reset([])
+    n_past = len(prefix)
+    if llm.n_tokens >= n_past and list(llm.input_ids[:n_past]) == list(prefix):
+        llm.n_tokens = n_past  # the prefix's KV cells are still there: evaluate on from them
+    else:
+        llm.reset()
+        llm.eval(prefix)
+    llm.eval(toks[:1])  # a 1-token pass: the graph the timed one follows
+    llm.n_tokens -= 1  # ... and forgotten (the next eval drops its KV cells)
+    _sync(llm)
+    if timer is not None:
+        timer.reset(stops)
+    t0 = time.perf_counter()
+    llm.eval(toks)
+    _sync(llm)
+    wall = (time.perf_counter() - t0) * 1e6
+    return _Run(wall, timer.times() if timer is not None else [])
+
+
+def _split_stops(nodes: Sequence[_core.NodeTime]) -> list[int]:
+    """Positions of the last node before each change of device (and the last node)."""
+    return [r.index for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
+
+
+def _span_us(nodes: Sequence[_core.NodeTime]) -> float:
+    """Graph time: from the first node's start to the last stop (us)."""
+    done = [r.done_us for r in nodes if r.done_us >= 0]
+    return (max(done) - nodes[0].start_us) if done and nodes else 0.0
+
+
+class _Load:
+    """One timed load: node-mode and split-mode runs of each pass."""
+
+    def __init__(self, llm: Any, tokens: list[int], reps: int) -> None:
+        self.llm, self.tokens, self.reps = llm, tokens, reps
+        self.node_runs: dict[tuple[int, int], list[_Run]] = {}
+        self.outside: dict[tuple[int, int], float] = {}  # (n_tokens, n_past) -> us of the eval outside its graph
+        self.walls: dict[tuple[int, int], float] = {}  # (n_tokens, n_past) -> us of the eval, no timer
+        self.splits: list[dict[str, Any]] = []  # per split: device, its time, node-mode sums
+        self.split_of: dict[tuple[int, int, int], int] = {}  # (n_tokens, n_past, node position) -> split
+
+    def measure(self, n: int, n_past: int) -> None:
+        llm, toks = self.llm, self.tokens
+        prefix, batch = toks[:n_past], toks[n_past:n_past + n]
+        with _core.NodeTimer(llm.native_context) as timer:
+            _timed_eval(llm, timer, prefix, batch, [])  # warm-up (graph build, allocation)
+            runs = [_timed_eval(llm, timer, prefix, batch, []) for _ in range(self.reps)]
+            stops = _split_stops(runs[0].nodes)
+            # split mode: the same run as without a timer but for the stops; the eval's time
+            # outside the graph, paired within each run (so a noisy machine mostly cancels)
+            split = [_timed_eval(llm, timer, prefix, batch, stops) for _ in range(self.reps)]
+        self.node_runs[(n, n_past)] = runs
+        self._splits(n, n_past, runs, split, stops)
+        self.outside[(n, n_past)] = statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
+        self.walls[(n, n_past)] = statistics.median(r.wall_us for r in split)  # stops at split ends only
+
+
+    def _splits(self, n: int, n_past: int, runs: list[_Run], split: list[_Run], stops: list[int]) -> None:
+        """Per split: its time alone (split mode) and its nodes' node-mode times, split into
+        views and ops: what timing a node alone adds is found from these (see `fit`)."""
+        first = 0
+        for idx, stop in enumerate(stops):
+            for k in range(first, stop + 1):
+                self.split_of[(n, n_past, k)] = idx
+            rng = range(first, stop + 1)
+            nodes = runs[0].nodes
+            ops = [k for k in rng if nodes[k].op not in VIEW_OPS]
+            self.splits.append({
+                "n_tokens": n, "n_past": n_past, "split": idx, "device": nodes[stop].device, "n_ops": len(ops),
+                "n_views": len(rng) - len(ops),
+                "split_us": statistics.median(r.nodes[stop].range_us for r in split if stop < len(r.nodes)),
+                "ops_us": statistics.median(sum(r.nodes[k].range_us for k in ops) for r in runs)})
+            first = stop + 1
+
+
+def _node_points(load: _Load) -> list[dict[str, Any]]:
+    """Every timed node of every pass: median over the repeats of its node-mode time."""
+    out = []
+    for (n, n_past), runs in load.node_runs.items():
+        for k, r in enumerate(runs[0].nodes):
+            us = statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
+            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes)
+            out.append({"n_tokens": n, "n_past": n_past, "split": load.split_of.get((n, n_past, k)),
+                        "name": r.name, "op": r.op, "device": r.device,
+                        "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
+                        "work": w, "us": us})
+    return out
+
+
+def _overheads(llm: Any, load: _Load, reps: int) -> list[tuple[int, float]]:
+    """(n_tokens, us outside the graph) per pass of the generation loop: the eval's own (paired,
+    split mode) plus sampling the token from its logits (the loop's per-token work)."""
+    samples = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        llm.sample(temp=0.0)  # after the last timed eval: its logits are there
+        samples.append((time.perf_counter() - t0) * 1e6)
+    sample_us = statistics.median(samples[1:])
+    return [(n, us + sample_us) for (n, _), us in load.outside.items()]
+
+
+def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
+              n_ctx: int = 512, op_offload: bool = True, mmap: bool = True, reps: int = 3, max_fill_s: float = 10.0,
+              progress: bool = True) -> Calibration:
+    """Time the real graph of `path` on `devices` (the CPU first, then at most one accelerator)
+    and fit the terms the one-op profile cannot see (module docstring). `profile`: the one-op
+    Profile of the same model and devices, for the matmul scale."""
+    from ..model import gguf_file
+    from ..runtime import devices as devmod
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+
+    t_start = time.perf_counter()
+    info = gguf_file.check_model(path)
+    n_layer = int(info.hparam("block_count", 0))
+    accs = [devmod.resolve(d) for d in devices if not devmod.resolve(d).is_host]
+    n_prefill = max(1, min(n_prefill, n_ctx // 2))
+    loads: list[tuple[str, dict[str, Any]]] = [("host", {"n_gpu_layers": 0, "op_offload": False})]
+    if accs:
+        loads.append(("accelerator", {"n_gpu_layers": _layers_that_fit(info, accs[0], n_layer),
+                                      "op_offload": op_offload}))
+    points: list[dict[str, Any]] = []
+    splits: list[dict[str, Any]] = []
+    overheads: list[tuple[int, float]] = []
+    for i, (what, kw) in enumerate(loads):
+        if progress:
+            print(f"\rcalibrate: real graph, {what} load ({i + 1}/{len(loads)})".ljust(100), end="",
+                  file=sys.stderr, flush=True)
+        try:
+            llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=n_prefill,
+                        n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
+                        flash_attn=False, verbose=False, **kw)
+        except (OallamaError, ValueError, RuntimeError) as e:  # report which load failed
+            raise ProfileError(f"calibration: could not load {path} ({what} load): {e}") from None
+        try:
+            tokens = prompt_tokens(llm, n_ctx)
+            load = _Load(llm, tokens, reps)
+            load.measure(n_prefill, 0)
+            load.measure(1, n_prefill)
+            # attention over a long KV cache, when filling it costs little (a few prompt passes)
+            per_token_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill
+            if per_token_s * (n_ctx - n_prefill) < max_fill_s:
+                load.measure(1, n_ctx - 2)
+            points += [{**p, "load": what} for p in _node_points(load)]
+            splits += [{**s, "load": what} for s in load.splits]
+            if what == "host":  # with an accelerator, reading its results back is the model's copies
+                overheads += _overheads(llm, load, reps)
+        finally:
+            llm.close()
+    cal = fit(points, overheads, profile, splits)
+    cal.elapsed_s = time.perf_counter() - t_start
+    if progress:
+        print(f"\rcalibrate: {len(points)} timed nodes in {cal.elapsed_s:.1f} s".ljust(100), file=sys.stderr,
+              flush=True)
+    return cal
+
+
+def _layers_that_fit(info: Any, acc: Any, n_layer: int) -> int:
+    """n_gpu_layers for the accelerator load: all of them, or as many as half its free memory holds."""
+    free = int(getattr(acc, "memory_free", 0) or 0)
+    if free <= 0:
+        return n_layer + 1
+    per_layer = max(info.weight_bytes // max(n_layer + 1, 1), 1)
+    return max(1, min(n_layer + 1, int(free * 0.5 // per_layer)))
+
+
+class _Op:
+    """The profile lookup's view of a timed weight matmul (op, weight type, shape, columns)."""
+
+    def __init__(self, p: dict[str, Any]) -> None:
+        self.op = p["op"]
+        self.weight_type = p["weight_type"]
+        shape = list(p["src0_ne"])
+        while len(shape) > 2 and shape[-1] == 1:
+            shape.pop()
+        self.weight_shape = tuple(shape)
+        self.n_tokens = p["n_tokens"]
+
+
+def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
+    """What timing an op alone adds on a device (us). A split run at once costs one launch
+    (about a view's time alone, `view_us`) plus its ops' compute; run node by node each op
+    also pays this overhead:  sum(op times alone) - (split time - view_us) = n_ops * h."""
+    n_ops = sum(s["n_ops"] for s in splits)
+    if n_ops == 0:
+        return view_us
+    extra = sum(s["ops_us"] - (s["split_us"] - view_us) for s in splits)
+    return max(extra / n_ops, view_us)
+
+
+def _profile_us(profile: Any, dev: str, p: dict[str, Any]) -> float:
+    """The one-op profile's compute time of a timed weight matmul (0 when it has none)."""
+    try:
+        return float(profile.compute_us(dev, _Op(p))) if profile is not None else 0.0
+    except ProfileError:
+        return 0.0
+
+
+def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
+        splits: Sequence[dict[str, Any]] = ()) -> Calibration:
+    """The calibration's fits from its measurements (see the module docstring).
+
+    Node-mode times give each node's share; split-mode times, taken without synchronising inside
+    a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
+    split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
+    the totals, only the shares."""
+    by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        by_dev[p["device"]].append(p)
+    devs: dict[str, DeviceCalibration] = {}
+    for dev, pts in by_dev.items():
+        views = [p["us"] for p in pts if p["op"] in VIEW_OPS]
+        view_us = statistics.median(views) if views else 0.0
+        ops_us = sorted(p["us"] for p in pts if p["op"] not in VIEW_OPS)
+        dev_splits = [s for s in splits if s["device"] == dev]
+        # at most the 10th percentile of the ops' times alone: no op computes in less than nothing
+        h = min(node_overhead_us(view_us, dev_splits), ops_us[len(ops_us) // 10] if ops_us else view_us)
+        per_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        real = prof = 0.0
+        n_mm = 0
+        for p in pts:
+            if p["op"] in VIEW_OPS:
+                continue
+            us = max(p["us"] - h, 0.0)
+            if p["weight_type"] and p["op"] in MATMUL_OPS:
+                t = _profile_us(profile, dev, p)
+                if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
+                    real, prof, n_mm = real + us, prof + t, n_mm + 1
+                continue
+            per_op[p["op"]].append((p["work"], us))
+            per_op["*"].append((p["work"], us))
+        dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
+                               n_mm)
+        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile)
+    a, b = _line(overheads)
+    return Calibration(devs, a, b, points=list(points), splits=list(splits))
+
+
+def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
+              view_us: float, profile: Any) -> DeviceCalibration:
+    """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
+    key = ("load", "n_tokens", "n_past", "split")
+    measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
+    modelled: dict[tuple, float] = defaultdict(float)
+    for p in pts:
+        k = tuple(p.get(f) for f in key)
+        if k not in measured or p["op"] in VIEW_OPS:
+            continue
+        if p["weight_type"] and p["op"] in MATMUL_OPS:
+            modelled[k] += _profile_us(profile, dev, p) * dc.matmul_scale
+        else:
+            modelled[k] += dc.node_time_us(p["op"], p["work"])
+    total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
+    total_f = sum(modelled.values())
+    if total_m <= 0 or total_f <= 0:
+        return dc
+    r = total_m / total_f
+    ops = {op: OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r)
+
+
+def _line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """us = a + b * n over (n, us), a, b >= 0 (a single size: all of it is per pass)."""
+    if not pts:
+        return 0.0, 0.0
+    f = OpFit.fit([(float(n), max(us, 0.0)) for n, us in pts])
+    return f.a_us, f.b_us

@@ -1,0 +1,165 @@
+"""Calibration in the real graph (oallama.planner.calibrate, _core.NodeTimer).
+
+What is checked is behaviour, not speed: the timer sees exactly the graph the scheduler runs and
+the scheduler model costs (node for node, each on its device), split mode stops once per split,
+the fits recover known lines, and a calibrated profile carries its terms into the pass model, the
+plan's breakdown and its cache key.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from oallama import Llama, _core
+from oallama.errors import ClosedError
+from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, node_overhead_us, work
+from oallama.planner.graph import Graph
+from oallama.planner.plan import Workload, build_context
+from oallama.planner.profile import Profile, device_identity, profile_model
+from oallama.planner.schedmodel import HOST, Placement
+from oallama.runtime import devices, rpc
+from oallama.runtime.generate import prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny(synth_model) -> Path:
+    return synth_model("tiny", "q8_0", n_layer=2)
+
+
+def _timed_nodes(llm: Llama, n: int, stops: list[int] | None = None) -> list[_core.NodeTime]:
+    toks = prompt_tokens(llm, n)
+    with _core.NodeTimer(llm.native_context) as timer:
+        llm.reset()
+        llm.eval(toks)  # warm-up: graph built and allocated
+        llm.reset()
+        timer.reset(stops or [])
+        llm.eval(toks)
+        return timer.times()
+
+
+@pytest.mark.parametrize("where", ["cpu", "rpc-odd-layers"])
+@pytest.mark.parametrize("n_tokens", [1, 8])
+def test_node_timer_sees_the_scheduled_graph(where: str, n_tokens: int, tiny: Path, rpc_server: rpc.RpcServer
+                                             ) -> None:
+    """Every node the scheduler ran, in order, on the device the scheduler model gives it."""
+    acc = rpc_server.device_name
+    placement = {} if where == "cpu" else {w: acc for w in _odd_layer_weights(tiny)}
+    with closing(Llama(str(tiny), devices=["CPU", acc], placement=placement, n_ctx=256, n_batch=16, n_ubatch=16,
+                       n_threads=1, verbose=False)) as llm:
+        nodes = _timed_nodes(llm, n_tokens)
+        graph = Graph(n_tokens, _core.graph(llm.native_context, n_tokens))
+    timed = [(r.name, r.op) for r in nodes]
+    assert timed == [(n.name, n.op) for n in graph.nodes], "the timer saw another graph than the scheduler built"
+    devs = {r.device for r in nodes if r.op not in VIEW_OPS}
+    assert devs == ({"CPU"} if where == "cpu" else {"CPU", acc})
+    for r, n in zip(nodes, graph.nodes, strict=True):
+        if not n.is_view:
+            assert r.device == n.backend, f"{n.name} ({n.op}) timed on {r.device}, scheduled on {n.backend}"
+        assert r.range_us >= 0 and r.done_us >= r.start_us  # node mode: every node is a stop
+    assert [list(r.ne) for r in nodes] == [list(n.ne) for n in graph.nodes]
+
+
+def _odd_layer_weights(path: Path) -> list[str]:
+    from oallama.model import gguf_file
+
+    return [t.name for t in gguf_file.check_model(path).tensors if t.name.startswith("blk.1.")]
+
+
+def test_split_mode_stops_once_per_split(tiny: Path, rpc_server: rpc.RpcServer) -> None:
+    acc = rpc_server.device_name
+    with closing(Llama(str(tiny), devices=["CPU", acc], placement={w: acc for w in _odd_layer_weights(tiny)},
+                       n_ctx=256, n_batch=16, n_ubatch=16, n_threads=1, verbose=False)) as llm:
+        nodes = _timed_nodes(llm, 4)
+        stops = [r.index for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
+        split = _timed_nodes(llm, 4, stops)
+    assert [r.index for r in split if r.range_us >= 0] == stops
+    assert len(stops) >= 3  # CPU, the rpc-server's layer, CPU again
+    # each range starts where the previous one ended (or later: the next split's input copies)
+    ends = [r.done_us for r in split if r.done_us >= 0]
+    assert ends == sorted(ends)
+
+
+def test_node_timer_is_closed_with_its_context(tiny: Path) -> None:
+    llm = Llama(str(tiny), n_ctx=256, n_threads=1, verbose=False)
+    timer = _core.NodeTimer(llm.native_context)
+    llm.close()
+    with pytest.raises(ClosedError):
+        timer.times()
+    timer.close()  # uninstalling from a freed context is skipped, not a crash
+    assert timer.closed
+
+
+def test_opfit_recovers_a_line() -> None:
+    f = OpFit.fit([(x, 3.0 + 0.5 * x) for x in (1.0, 10.0, 100.0, 1000.0)])
+    assert f.a_us == pytest.approx(3.0) and f.b_us == pytest.approx(0.5) and f.max_rel_err < 1e-9
+    # a negative intercept is refitted through the origin: no op costs less than nothing
+    g = OpFit.fit([(10.0, 1.0), (20.0, 4.0), (30.0, 7.0)])
+    assert g.a_us == 0.0 and g.b_us == pytest.approx((10 * 1 + 20 * 4 + 30 * 7) / (100 + 400 + 900))
+
+
+def test_node_overhead_from_splits() -> None:
+    # 10 ops whose compute sums to 500 us; a split alone costs one launch (20 us) + 500; timed alone
+    # each op also pays h = 30 us: the ops' node-mode sum is 500 + 10 * 30
+    splits = [{"n_ops": 10, "split_us": 520.0, "ops_us": 800.0}, {"n_ops": 5, "split_us": 120.0, "ops_us": 250.0}]
+    assert node_overhead_us(20.0, splits) == pytest.approx((300.0 + 150.0) / 15)
+    assert node_overhead_us(20.0, []) == 20.0  # nothing to compare: the view's time
+
+
+def test_work_of_an_activation_matmul_is_its_multiply_adds() -> None:
+    # KQ: K [128, n_kv=256, heads 8] x Q [128, n=4, 8] -> [256, 4, 8]
+    assert work("MUL_MAT", (256, 4, 8, 1), 256 * 4 * 8 * 4, [(128, 256, 8, 1), (128, 4, 8, 1)], 0) == 128 * 256 * 4 * 8
+    assert work("ADD", (64, 4, 1, 1), 1024, [(64, 4, 1, 1)] * 2, 2048) == 3072
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny: Path, rpc_server: rpc.RpcServer) -> Profile:
+    return profile_model(tiny, [HOST, rpc_server.device_name], threads=1, n_ctx=256, cache=False, progress=False,
+                         repeats=3, server_threads=1)
+
+
+def test_calibration_covers_both_devices_and_round_trips(calibrated: Profile, rpc_server: rpc.RpcServer,
+                                                         tmp_path: Path) -> None:
+    cal = calibrated.calibration
+    assert cal is not None and set(cal.devices) == {HOST, rpc_server.device_name}
+    for dev, dc in cal.devices.items():
+        assert "*" in dc.ops and dc.n_matmuls > 0, dev
+        assert dc.matmul_scale > 0 and dc.node_overhead_us >= 0
+    assert cal.pass_a_us + cal.pass_b_us > 0
+    again = Profile.load(calibrated.save(tmp_path / "p.json"))
+    assert again.calibration is not None
+    assert json.dumps(again.calibration.to_json(), sort_keys=True) == json.dumps(cal.to_json(), sort_keys=True)
+    assert Calibration.from_json(cal.to_json()).devices.keys() == cal.devices.keys()
+
+
+def test_calibrated_pass_model_costs_every_op(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer) -> None:
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    for n, pm in ctx.passes.items():
+        real = [i for i in pm.order if i not in pm.targets]
+        assert real and all(i in pm.t_host and i in pm.t_acc for i in real), n
+        assert pm.overhead_us > 0
+        c = pm.cost(Placement())
+        assert c.other_us > 0 and c.acc_us == 0 and c.copy_us == 0
+        # the same graph with every layer on the accelerator: its ops run there
+        full = pm.cost(Placement(frozenset(ctx.weight_bytes), ctx.n_layer))
+        assert full.acc_us > 0 and full.copy_us > 0  # the logits come back
+    pred = ctx.predict(Placement())
+    assert {"compute_ms", "other_ms", "overhead_ms", "copy_ms", "launch_ms"} <= set(pred["passes"]["1"])
+    assert pred["tpot_ms"] == pytest.approx(ctx.passes[1].cost(Placement()).total_us / 1e3)
+
+
+def test_profile_key_names_the_rpc_server_threads(rpc_server: rpc.RpcServer) -> None:
+    ident = device_identity(devices.resolve(rpc_server.device_name))
+    assert ident.endswith(":threads=1")  # the session server runs with -t 1
+
+
+def test_pass_kv_lengths() -> None:
+    # 512-token prompt in 2 ubatches, 128 generated: llama.cpp pads the KV view to 256 cells
+    wl = Workload(prompt=512, gen=128, n_ubatch=256)
+    assert wl.n_ctx == 768
+    assert wl.pass_kv() == {256: 512, 1: 768}  # ubatches at 256 and 512 cells: mean 384 -> 512
+    assert Workload(prompt=32, gen=8).pass_kv() == {32: 256, 1: 256}
