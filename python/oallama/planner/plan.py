@@ -94,7 +94,8 @@ class Plan:
         if self.load_mode == "fit":
             overrides = list(self.raw_overrides)
         else:
-            overrides = [] if self.stock_layers else place.compile_patterns(self.assignment())
+            overrides = [] if self.stock_layers else place.compile_patterns(
+                place.explicit(self.assignment(), self.n_gpu_layers, int(self.model.get("n_layer", 0))))
         return place.LoadSpec(self.assignment(), [self.accelerator], overrides,
                               {self.accelerator: devmod.resolve(self.accelerator).buffer_type, HOST: "CPU"})
 

@@ -34,7 +34,7 @@ tests/test_plan.py checks the assignment against the real scheduler on random pl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
@@ -327,20 +327,4 @@ def kv_bytes_per_layer(graph: Graph) -> dict[int, int]:
         m = _KV_LEAF.match(lf.name)
         if m:
             out[int(m[1])] = out.get(int(m[1]), 0) + lf.nbytes
-    return out
-
-
-def layer_weights(names: Iterable[str], n_gpu_layers: int, n_layer: int) -> set[str]:
-    """What llama.cpp's n_gpu_layers puts on the GPU. It counts the output layer first: with
-    n_gpu_layers = k >= 1 the output layer (every non-layer weight but the input embedding,
-    which always stays on the CPU) and the last k - 1 repeating layers go to the GPU."""
-    first = n_layer + 1 - n_gpu_layers  # llama-model.cpp: i_gpu_start
-    out = set()
-    for name in names:
-        m = re.match(r"^blk\.(\d+)\.", name)
-        if m:
-            if int(m[1]) >= first:
-                out.add(name)
-        elif n_gpu_layers >= 1 and not name.startswith("token_embd"):
-            out.add(name)
     return out

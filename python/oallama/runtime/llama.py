@@ -192,7 +192,7 @@ class Llama(llama_cpp.Llama):
         if devices is not None or req.assignment is not None or req.raw_overrides:
             try:
                 self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices,
-                                                       req.raw_overrides or ())
+                                                       req.raw_overrides or (), int(kwargs.get("n_gpu_layers", 0)))
             except (UnknownDeviceError, RpcServerError, PlacementError) as e:
                 if not isinstance(placement, str | Path) or not Path(placement).is_file():
                     raise

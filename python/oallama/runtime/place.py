@@ -90,6 +90,31 @@ class LoadSpec:
         return args
 
 
+def layer_weights(names: Iterable[str], n_gpu_layers: int, n_layer: int) -> set[str]:
+    """What llama.cpp's n_gpu_layers puts on the GPU. It counts the output layer first: with
+    n_gpu_layers = k >= 1 the output layer (every non-layer weight but the input embedding,
+    which always stays on the CPU) and the last k - 1 repeating layers go to the GPU."""
+    first = n_layer + 1 - n_gpu_layers  # llama-model.cpp: i_gpu_start
+    out = set()
+    for name in names:
+        m = re.match(r"^blk\.(\d+)\.", name)
+        if m:
+            if int(m[1]) >= first:
+                out.add(name)
+        elif n_gpu_layers >= 1 and not name.startswith("token_embd"):
+            out.add(name)
+    return out
+
+
+def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int) -> dict[str, str]:
+    """The entries of `assignment` that need an override: all but the host weights that llama.cpp's
+    n_gpu_layers keeps on the host anyway. Those are left to llama.cpp, so they keep the host
+    layout it picks (repacked for the CPU's kernels, or a GPU's pinned host memory), which is the
+    layout the profile times; an override to the CPU would force plain memory."""
+    on_gpu = layer_weights(assignment, n_gpu_layers, n_layer)
+    return {w: d for w, d in assignment.items() if w in on_gpu or not devmod.resolve(d).is_host}
+
+
 def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
     names = {t.name for t in model.tensors}
     unknown = [n for n in assignment if n not in names]
@@ -103,8 +128,10 @@ def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
 
 
 def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
-                    devices: Sequence[str] | None, raw_overrides: Sequence[tuple[str, str]] = ()) -> LoadSpec:
-    """Validate a placement against the model and the devices; compile it for the loader.
+                    devices: Sequence[str] | None, raw_overrides: Sequence[tuple[str, str]] = (),
+                    n_gpu_layers: int = 0) -> LoadSpec:
+    """Validate a placement against the model and the devices; compile it for the loader (only
+    the entries `explicit` keeps: llama.cpp's own n_gpu_layers placement does the rest).
     raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's)."""
     requested = [devmod.resolve(d) for d in devices] if devices is not None else None
     assignment: dict[str, str] = {}
@@ -131,4 +158,5 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
     names = list(dict.fromkeys(d.name for d in accel)) if accel is not None else None
     buft = {d.name: d.buffer_type for d in [*(accel or []), *used]}
     raw = [(pat, devmod.resolve(dev).name) for pat, dev in raw_overrides]
-    return LoadSpec(assignment, names, raw + compile_patterns(assignment), buft)
+    n_layer = int(model.hparam("block_count", 0) or 0)
+    return LoadSpec(assignment, names, raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer)), buft)
