@@ -300,6 +300,8 @@ def machine_line(r: dict[str, Any]) -> str:
 
 RPC_NOTE = ("The accelerator here is a loopback rpc-server, i.e. another CPU process on the same machine: "
             "these timings prove the harness, they are no evidence of a speed-up.")
+SOFT_GPU_NOTE = ("The accelerator here is Mesa's software GPU (lavapipe) running on the same CPU cores: a real "
+                 "GPU-class backend with its own costs, far slower than the CPU; no evidence of GPU speed.")
 
 
 def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]], title: str) -> str:
@@ -534,18 +536,19 @@ def readme_section(dirs: Sequence[Path], readme: Path) -> str:
         rel = Path(os.path.relpath(d, readme.parent)).as_posix()
         r0 = records[0]
         rpc = any(r["device_kind"] == "rpc" for r in records)
-        gpu_seen = gpu_seen or any(r["device_kind"] in ("gpu", "igpu") for r in records)
-        lines += [f"### {d.name}{' (CPU + loopback rpc-server: harness check)' if rpc else ''}", "",
-                  f"{machine_line(r0)}. Settings: {settings_text(records)}.", ""]
-        if rpc:
-            lines += [RPC_NOTE, ""]
+        soft = any("llvmpipe" in str(r.get("device_description") or "") for r in records)  # lavapipe
+        gpu_seen = gpu_seen or (not soft and any(r["device_kind"] in ("gpu", "igpu") for r in records))
+        tag = " (CPU + loopback rpc-server: harness check)" if rpc else " (CPU + software GPU)" if soft else ""
+        lines += [f"### {d.name}{tag}", "", f"{machine_line(r0)}. Settings: {settings_text(records)}.", ""]
+        if rpc or soft:
+            lines += [RPC_NOTE if rpc else SOFT_GPU_NOTE, ""]
         models = sorted({r["model"] for r in records})
         e2e = []
         for m in models:
             ap, ag = anchor_of([r for r in records if r["model"] == m]) or (0, 0)
             e2e += [r for r in records if r["model"] == m and r["metric"] == "e2e_ms" and (r["prompt"], r["gen"]) == (ap, ag)]
         series = _series_order(r["series"] for r in e2e)
-        ratio_col = not rpc  # a ratio of timings on an rpc-server would read as a claim
+        ratio_col = not (rpc or soft)  # a ratio of such timings would read as a claim
         lines += ["End-to-end ms per model at one workload (prompt 64 / generate 32, the paper's, where measured): "
                   "measured median (planner's prediction)"
                   + ("; the last column is layers' time over optimal's." if ratio_col else "."), "",

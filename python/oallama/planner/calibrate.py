@@ -40,7 +40,7 @@ from typing import Any
 from .. import _core
 from ..errors import OallamaError, ProfileError
 
-VERSION = 5  # of the method: part of a calibrated profile's cache key
+VERSION = 6  # of the method: part of a calibrated profile's cache key
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
 
@@ -232,7 +232,9 @@ def _node_points(load: _Load) -> list[dict[str, Any]]:
         for k, r in enumerate(runs[0].nodes):
             us = statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
             w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes)
-            out.append({"n_tokens": n, "n_past": n_past, "split": load.split_of.get((n, n_past, k)),
+            # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
+            cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
+            out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
                         "name": r.name, "op": r.op, "device": r.device,
                         "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
                         "work": w, "us": us})
@@ -326,7 +328,7 @@ class _Op:
         while len(shape) > 2 and shape[-1] == 1:
             shape.pop()
         self.weight_shape = tuple(shape)
-        self.n_tokens = p["n_tokens"]
+        self.n_tokens = p.get("cols", p["n_tokens"])
 
 
 def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
