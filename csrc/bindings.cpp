@@ -137,6 +137,16 @@ private:
 using Context = borrowed<llama_context>;
 using Model   = borrowed<const llama_model>;
 
+// A ggml type by its name ("q4_K", "f16"); std::runtime_error if there is none.
+static ggml_type type_by_name(const std::string & name) {
+    for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+        if (ggml_get_type_traits((ggml_type) i)->type_name && name == ggml_type_name((ggml_type) i)) {
+            return (ggml_type) i;
+        }
+    }
+    throw std::runtime_error("unknown ggml type '" + name + "'");
+}
+
 // oallama_node_timer owned by Python; it keeps the context's owner alive and uninstalls itself
 class NodeTimer {
 public:
@@ -456,15 +466,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
                                 bool use_extra_bufts, const std::string & host_of) {
-        ggml_type t = GGML_TYPE_COUNT;
-        for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
-            if (ggml_get_type_traits((ggml_type) i)->type_name && wtype == ggml_type_name((ggml_type) i)) {
-                t = (ggml_type) i;
-            }
-        }
-        if (t == GGML_TYPE_COUNT) {
-            throw std::runtime_error("unknown ggml type '" + wtype + "'");
-        }
+        const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
         return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts, host_of);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("ns"), py::arg("n_threads"),
@@ -488,15 +490,7 @@ PYBIND11_MODULE(_core, m) {
                                    int64_t n_expert, int64_t n_expert_used, const std::vector<int64_t> & ns,
                                    const std::vector<int64_t> & n_active, int n_threads, int warmup, int repeats,
                                    bool use_extra_bufts, const std::string & host_of) {
-        ggml_type t = GGML_TYPE_COUNT;
-        for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
-            if (ggml_get_type_traits((ggml_type) i)->type_name && wtype == ggml_type_name((ggml_type) i)) {
-                t = (ggml_type) i;
-            }
-        }
-        if (t == GGML_TYPE_COUNT) {
-            throw std::runtime_error("unknown ggml type '" + wtype + "'");
-        }
+        const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
         return oallama_profile_mul_mat_id(device, t, k, m, n_expert, n_expert_used, ns, n_active, n_threads, warmup,
                                           repeats, use_extra_bufts, host_of);

@@ -154,6 +154,22 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev,
     return samples;
 }
 
+// The one-op graph computing y on be, its tensors allocated there (the returned buffer);
+// throws, naming the device and the op, if be cannot run y or has no room for it.
+static buffer_ptr alloc_one_op(ggml_backend_t be, ggml_context * ctx, ggml_tensor * y, ggml_cgraph ** gf,
+                               const std::string & device, const std::string & what) {
+    if (!ggml_backend_supports_op(be, y)) {
+        throw std::runtime_error("profile: " + device + " does not support " + what);
+    }
+    *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(*gf, y);
+    buffer_ptr abuf(ggml_backend_alloc_ctx_tensors(ctx, be));
+    if (!abuf) {
+        throw std::runtime_error("profile: could not allocate activations for " + what + " on " + device);
+    }
+    return abuf;
+}
+
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts,
@@ -188,15 +204,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
         ctx_ptr ctx = new_ctx(4);
         ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, k, n);
         ggml_tensor * y = ggml_mul_mat(ctx.get(), w, x);
-        if (!ggml_backend_supports_op(be.get(), y)) {
-            throw std::runtime_error("profile: " + device + " does not support " + what);
-        }
-        ggml_cgraph * gf = ggml_new_graph(ctx.get());
-        ggml_build_forward_expand(gf, y);
-        buffer_ptr abuf(ggml_backend_alloc_ctx_tensors(ctx.get(), be.get()));
-        if (!abuf) {
-            throw std::runtime_error("profile: could not allocate activations for " + what + " on " + device);
-        }
+        ggml_cgraph * gf = nullptr;
+        buffer_ptr abuf = alloc_one_op(be.get(), ctx.get(), y, &gf, device, what);
         std::vector<float> xs(k * n);
         std::mt19937 rng(42);
         std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -283,15 +292,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
         ggml_tensor * x   = ggml_new_tensor_3d(ctx.get(), GGML_TYPE_F32, k, n_expert_used, n);
         ggml_tensor * ids = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_I32, n_expert_used, n);
         ggml_tensor * y   = ggml_mul_mat_id(ctx.get(), w, x, ids);
-        if (!ggml_backend_supports_op(be.get(), y)) {
-            throw std::runtime_error("profile: " + device + " does not support " + what);
-        }
-        ggml_cgraph * gf = ggml_new_graph(ctx.get());
-        ggml_build_forward_expand(gf, y);
-        buffer_ptr abuf(ggml_backend_alloc_ctx_tensors(ctx.get(), be.get()));
-        if (!abuf) {
-            throw std::runtime_error("profile: could not allocate activations for " + what + " on " + device);
-        }
+        ggml_cgraph * gf = nullptr;
+        buffer_ptr abuf = alloc_one_op(be.get(), ctx.get(), y, &gf, device, what);
         std::vector<float> xs(k * n_expert_used * n);
         std::mt19937 rng(42);
         std::normal_distribution<float> dist(0.0f, 1.0f);

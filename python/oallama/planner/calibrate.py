@@ -187,7 +187,7 @@ class _Load:
         self.llm, self.tokens, self.reps = llm, tokens, reps
         self.node_runs: dict[tuple[int, int], list[_Run]] = {}
         self.outside: dict[tuple[int, int], float] = {}  # (n_tokens, n_past) -> us of the eval outside its graph
-        self.walls: dict[tuple[int, int], float] = {}  # (n_tokens, n_past) -> us of the eval, no timer
+        self.walls: dict[tuple[int, int], float] = {}  # (n_tokens, n_past) -> us of the eval (split mode)
         self.splits: list[dict[str, Any]] = []  # per split: device, its time, node-mode sums
         self.split_of: dict[tuple[int, int, int], int] = {}  # (n_tokens, n_past, node position) -> split
 
