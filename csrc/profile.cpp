@@ -154,6 +154,17 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev,
     return samples;
 }
 
+// Fill an f32 activation tensor with N(0, 1) values, the same ones every time (seed 42).
+static void set_activations(ggml_tensor * x) {
+    std::vector<float> xs(ggml_nelements(x));
+    std::mt19937 rng(42);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (float & v : xs) {
+        v = dist(rng);
+    }
+    ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+}
+
 // The one-op graph computing y on be, its tensors allocated there (the returned buffer);
 // throws, naming the device and the op, if be cannot run y or has no room for it.
 static buffer_ptr alloc_one_op(ggml_backend_t be, ggml_context * ctx, ggml_tensor * y, ggml_cgraph ** gf,
@@ -206,13 +217,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
         ggml_tensor * y = ggml_mul_mat(ctx.get(), w, x);
         ggml_cgraph * gf = nullptr;
         buffer_ptr abuf = alloc_one_op(be.get(), ctx.get(), y, &gf, device, what);
-        std::vector<float> xs(k * n);
-        std::mt19937 rng(42);
-        std::normal_distribution<float> dist(0.0f, 1.0f);
-        for (float & v : xs) {
-            v = dist(rng);
-        }
-        ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+        set_activations(x);
         oallama_timing t;
         t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what);
         t.buffer_type = ggml_backend_buft_name(buft);
@@ -294,13 +299,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
         ggml_tensor * y   = ggml_mul_mat_id(ctx.get(), w, x, ids);
         ggml_cgraph * gf = nullptr;
         buffer_ptr abuf = alloc_one_op(be.get(), ctx.get(), y, &gf, device, what);
-        std::vector<float> xs(k * n_expert_used * n);
-        std::mt19937 rng(42);
-        std::normal_distribution<float> dist(0.0f, 1.0f);
-        for (float & v : xs) {
-            v = dist(rng);
-        }
-        ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+        set_activations(x);
         const std::vector<int32_t> route = routing_ids(n, n_expert_used, active, n_expert);
         ggml_backend_tensor_set(ids, route.data(), 0, route.size() * sizeof(int32_t));
         oallama_timing t;
