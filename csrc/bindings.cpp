@@ -337,8 +337,15 @@ PYBIND11_MODULE(_core, m) {
     }, py::arg("name"), "ggml_backend_dev_t of a device, as an integer address for ctypes; raises if unknown.");
 
     m.def("buffer_type_address", [](const std::string & name) {
-        return reinterpret_cast<uintptr_t>(ggml_backend_dev_buffer_type(oallama_device_by_name(name)));
-    }, py::arg("name"), "Default ggml_backend_buffer_type_t of a device, as an integer address for ctypes.");
+        return reinterpret_cast<uintptr_t>(oallama_buffer_type_by_name(name));
+    }, py::arg("name"), "ggml_backend_buffer_type_t of a device (its default) or of a CPU layout (cpu_layouts()),\n"
+       "as an integer address for ctypes.");
+
+    m.def("cpu_layouts", &oallama_cpu_layouts_list,
+          "Buffer types of host weights this build has: 'CPU' (plain), 'CPU_REPACK', 'CPU_REPACK_DUAL', ...");
+
+    m.def("cpu_set_dual_max_batch", &oallama_cpu_set_dual_max_batch, py::arg("max_batch"),
+          "CPU_REPACK_DUAL weights: matmuls of fewer columns than this use the repacked copy (process-wide).");
 
     m.def("device_name", [](const std::string & name) {
         return oallama_device_get_name(oallama_device_by_name(name));
@@ -465,14 +472,17 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
-                                bool use_extra_bufts, const std::string & host_of) {
+                                bool use_extra_bufts, const std::string & host_of, const std::string & layout) {
         const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
-        return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts, host_of);
+        return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts, host_of,
+                                       layout);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("ns"), py::arg("n_threads"),
        py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "",
+       py::arg("layout") = "",
        "MUL_MAT of a weight [k, m] by f32 activations [k, n]: one Timing per n in ns. On the CPU the weight\n"
-       "lives in host_of's pinned host buffer type when host_of names a GPU-class device (as in a load).");
+       "lives in host_of's pinned host buffer type when host_of names a GPU-class device (as in a load);\n"
+       "layout names the buffer type instead (cpu_layouts()).");
 
     m.def("profile_copy", [](const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
         py::gil_scoped_release release;
@@ -489,14 +499,14 @@ PYBIND11_MODULE(_core, m) {
     m.def("profile_mul_mat_id", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                    int64_t n_expert, int64_t n_expert_used, const std::vector<int64_t> & ns,
                                    const std::vector<int64_t> & n_active, int n_threads, int warmup, int repeats,
-                                   bool use_extra_bufts, const std::string & host_of) {
+                                   bool use_extra_bufts, const std::string & host_of, const std::string & layout) {
         const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
         return oallama_profile_mul_mat_id(device, t, k, m, n_expert, n_expert_used, ns, n_active, n_threads, warmup,
-                                          repeats, use_extra_bufts, host_of);
+                                          repeats, use_extra_bufts, host_of, layout);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("n_expert"), py::arg("n_expert_used"),
        py::arg("ns"), py::arg("n_active") = std::vector<int64_t>(), py::arg("n_threads") = 1, py::arg("warmup") = 2,
-       py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "",
+       py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "", py::arg("layout") = "",
        "MUL_MAT_ID of expert weights [k, m, n_expert] by f32 activations [k, n_expert_used, n], one Timing per n\n"
        "in ns; n_active[i]: distinct experts routed to (default min(n_expert, n * n_expert_used)).");
 

@@ -3,6 +3,7 @@
 #include "oallama.h"
 
 #include "ggml-rpc.h"
+#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <mutex>
@@ -135,4 +136,53 @@ std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint) {
         names.push_back(oallama_device_get_name(ggml_backend_reg_dev_get(reg, i)));
     }
     return names;
+}
+
+// the CPU's layouts: plain, its extra buffer types, and patch 0006's dual one (NULL when not built)
+static std::vector<ggml_backend_buffer_type_t> cpu_layouts() {
+    std::vector<ggml_backend_buffer_type_t> out;
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == nullptr) {
+        return out;
+    }
+    out.push_back(ggml_backend_dev_buffer_type(cpu));
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t * b = get_extra ? get_extra(cpu) : nullptr; b && *b; ++b) {
+        out.push_back(*b);
+    }
+    using dual_fn = ggml_backend_buffer_type_t (*)(void);
+    if (auto dual = (dual_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_repack_dual_buffer_type")) {
+        out.push_back(dual());
+    }
+    return out;
+}
+
+std::vector<std::string> oallama_cpu_layouts_list() {
+    std::vector<std::string> out;
+    for (ggml_backend_buffer_type_t b : cpu_layouts()) {
+        out.push_back(ggml_backend_buft_name(b));
+    }
+    return out;
+}
+
+ggml_backend_buffer_type_t oallama_buffer_type_by_name(const std::string & name) {
+    for (ggml_backend_buffer_type_t b : cpu_layouts()) {
+        if (name == ggml_backend_buft_name(b)) {
+            return b;
+        }
+    }
+    return ggml_backend_dev_buffer_type(oallama_device_by_name(name));
+}
+
+void oallama_cpu_set_dual_max_batch(int max_batch) {
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    using set_fn = void (*)(int);
+    auto set = cpu ? (set_fn) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu),
+                                                                 "ggml_backend_cpu_repack_dual_set_max_batch")
+                   : nullptr;
+    if (set == nullptr) {
+        throw std::runtime_error("this build's CPU backend has no dual weight layout (CPU_REPACK_DUAL, patch 0006)");
+    }
+    set(max_batch);
 }

@@ -107,6 +107,21 @@ ggml_backend_dev_t oallama_buffer_type_get_device(ggml_backend_buffer_type_t buf
 // Device by oallama name or by ggml name; throws std::runtime_error listing the known devices.
 ggml_backend_dev_t oallama_device_by_name(const std::string & name);
 
+// Weight layouts of host memory (the CPU device's buffer types), by name: "CPU" (plain), the
+// CPU's extra types ("CPU_REPACK": repacked for its kernels) and "CPU_REPACK_DUAL" (patch 0006:
+// both, each matmul choosing by its batch). Only those this build has.
+//
+//     for (auto & n : oallama_cpu_layouts_list()) { ggml_backend_buffer_type_t b = oallama_buffer_type_by_name(n); }
+std::vector<std::string> oallama_cpu_layouts_list();
+
+// A buffer type by name: a device's (its default buffer type) or a CPU layout above; throws
+// std::runtime_error naming the known ones.
+ggml_backend_buffer_type_t oallama_buffer_type_by_name(const std::string & name);
+
+// CPU_REPACK_DUAL: matmuls of fewer than `max_batch` columns (tokens) use the repacked copy, the
+// others the plain one. Process-wide (ggml-cpu keeps one threshold); throws if the build lacks it.
+void oallama_cpu_set_dual_max_batch(int max_batch);
+
 // Add a running rpc-server ("host:port")'s devices to oallama's device table, once per endpoint;
 // returns their oallama names. They are not registered with ggml's global registry (llama.cpp's
 // default device selection would take them); loads name them explicitly. The caller must have
@@ -222,10 +237,11 @@ struct oallama_timing {
 // activation [k, n], for each n in ns. On the CPU that is, as in llama.cpp's loader: the pinned
 // host buffer type of `host_of` when it names a GPU-class device of the load (CUDA_Host,
 // Vulkan_Host: plain layout), else the repacked layouts when use_extra_bufts, else plain memory.
+// `layout` names the buffer type instead (oallama_buffer_type_by_name: "CPU", "CPU_REPACK", ...).
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts,
-                                                    const std::string & host_of = "");
+                                                    const std::string & host_of = "", const std::string & layout = "");
 // Copying `bytes` between host memory and the device (host_to_device or back), synchronised.
 oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
 // The fixed cost of running one tiny graph on the device and waiting for it (wait = false: until
@@ -246,7 +262,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
                                                        const std::vector<int64_t> & ns,
                                                        const std::vector<int64_t> & n_active, int n_threads,
                                                        int warmup, int repeats, bool use_extra_bufts,
-                                                       const std::string & host_of = "");
+                                                       const std::string & host_of = "",
+                                                       const std::string & layout = "");
 
 //
 // timing the real graph (timing.cpp)

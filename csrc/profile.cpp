@@ -184,7 +184,7 @@ static buffer_ptr alloc_one_op(ggml_backend_t be, ggml_context * ctx, ggml_tenso
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts,
-                                                    const std::string & host_of) {
+                                                    const std::string & host_of, const std::string & layout) {
     oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
@@ -199,7 +199,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
     ctx_ptr wctx = new_ctx(1);
     ggml_tensor * w = ggml_new_tensor_2d(wctx.get(), wtype, k, m);
     ggml_backend_dev_t host_dev = host_of.empty() ? nullptr : oallama_device_by_name(host_of);
-    ggml_backend_buffer_type_t buft = weight_buffer_type(dev, w, use_extra_bufts, host_dev);
+    ggml_backend_buffer_type_t buft = layout.empty() ? weight_buffer_type(dev, w, use_extra_bufts, host_dev)
+                                                     : oallama_buffer_type_by_name(layout);
     buffer_ptr wbuf(ggml_backend_alloc_ctx_tensors_from_buft(wctx.get(), buft));
     if (!wbuf) {
         throw std::runtime_error("profile: could not allocate " + what + " on " + device);
@@ -244,7 +245,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
                                                        const std::vector<int64_t> & ns,
                                                        const std::vector<int64_t> & n_active, int n_threads,
                                                        int warmup, int repeats, bool use_extra_bufts,
-                                                       const std::string & host_of) {
+                                                       const std::string & host_of, const std::string & layout) {
     oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
@@ -266,7 +267,9 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
     ctx_ptr wctx = new_ctx(1);
     ggml_tensor * w = ggml_new_tensor_3d(wctx.get(), wtype, k, m, n_expert);
     ggml_backend_dev_t host_dev = host_of.empty() ? nullptr : oallama_device_by_name(host_of);
-    ggml_backend_buffer_type_t buft = weight_buffer_type(dev, w, use_extra_bufts, host_dev, n_expert_used);
+    ggml_backend_buffer_type_t buft = layout.empty()
+        ? weight_buffer_type(dev, w, use_extra_bufts, host_dev, n_expert_used)
+        : oallama_buffer_type_by_name(layout);
     buffer_ptr wbuf(ggml_backend_alloc_ctx_tensors_from_buft(wctx.get(), buft));
     if (!wbuf) {
         throw std::runtime_error("profile: could not allocate " + what + " on " + device);

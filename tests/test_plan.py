@@ -296,9 +296,9 @@ def oallama_errors():
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [
-    ({"placement": "optimal"}, "needs gpu_budget"),
+    ({"placement": "optimal", "device": "__acc__"}, "needs gpu_budget"),
     ({"placement": "fastest", "gpu_budget": "50%"}, "not a plan file and not a strategy"),
-    ({"placement": {"output.weight": "CPU"}, "gpu_budget": "50%"}, "gpu_budget= goes with placement="),
+    ({"placement": {"output.weight": "CPU"}, "gpu_budget": "50%"}, "go with placement="),
     ({"gpu_budget": "12 GB", "device": "__acc__"}, "binary units"),
 ])
 def test_bad_plan_arguments(kwargs: dict, error: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx) -> None:

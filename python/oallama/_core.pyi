@@ -238,7 +238,11 @@ def device_memory(name: str) -> tuple[int, int]: ...
 def device_address(name: str) -> int:
     """ggml_backend_dev_t for ctypes (llama_model_params.devices)."""
 def buffer_type_address(name: str) -> int:
-    """ggml_backend_buffer_type_t for ctypes (llama_model_params.tensor_buft_overrides)."""
+    """ggml_backend_buffer_type_t of a device or a CPU layout, for ctypes (tensor_buft_overrides)."""
+def cpu_layouts() -> list[str]:
+    """Host weight buffer types of this build: 'CPU' (plain), 'CPU_REPACK', 'CPU_REPACK_DUAL' (patch 0006)."""
+def cpu_set_dual_max_batch(max_batch: int) -> None:
+    """CPU_REPACK_DUAL: matmuls of fewer columns use the repacked copy (process-wide)."""
 def device_name(name: str) -> str: ...
 def rpc_add_server(endpoint: str) -> list[str]:
     """Register a reachable rpc-server (probe it first: ggml-rpc aborts on refusal)."""
@@ -268,13 +272,15 @@ def get_offload_policy(context: Context) -> dict[str, int]: ...
 
 # --- profiling (profile.cpp) -----------------------------------------------------------------
 def profile_mul_mat(device: str, type: str, k: int, m: int, ns: Sequence[int], n_threads: int, warmup: int = 2,
-                    repeats: int = 5, use_extra_bufts: bool = True, host_of: str = "") -> list[Timing]:
-    """One Timing per n in ns (CPU: the weight in host_of's pinned host buffer type when named)."""
+                    repeats: int = 5, use_extra_bufts: bool = True, host_of: str = "",
+                    layout: str = "") -> list[Timing]:
+    """One Timing per n in ns (CPU: the weight in host_of's pinned host buffer type when named; in the
+    buffer type `layout` names when given)."""
 def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2, repeats: int = 5) -> Timing: ...
 def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5, wait: bool = True) -> Timing: ...
 def profile_mul_mat_id(device: str, type: str, k: int, m: int, n_expert: int, n_expert_used: int, ns: Sequence[int],
                        n_active: Sequence[int] = ..., n_threads: int = 1, warmup: int = 2, repeats: int = 5,
-                       use_extra_bufts: bool = True, host_of: str = "") -> list[Timing]:
+                       use_extra_bufts: bool = True, host_of: str = "", layout: str = "") -> list[Timing]:
     """MUL_MAT_ID of experts [k, m, n_expert]: one Timing per n in ns, routed to n_active[i] distinct experts
     (default min(n_expert, n * n_expert_used))."""
 

@@ -119,7 +119,7 @@ class PlanContext:
     """One model on (CPU, accelerator) for one workload: pass models, sizes, profile."""
 
     model: gguf_file.GGUFInfo
-    acc: str
+    acc: str | None  # None: CPU only (the only choices are host weight layouts)
     workload: Workload
     profile: Profile
     passes: dict[int, PassModel]  # n_tokens -> model of that pass
@@ -154,16 +154,19 @@ def log(msg: str) -> None:
     print(f"plan: {msg}", file=sys.stderr, flush=True)
 
 
-def build_context(path: str | Path, acc: str, workload: Workload, *, profile: Profile | None = None,
+def build_context(path: str | Path, acc: str | None, workload: Workload, *, profile: Profile | None = None,
                   threads: int | None = None, op_offload: bool = True, progress: bool = True) -> PlanContext:
-    """Graphs of every pass (all weights on the host, and fully offloaded), and the profile."""
+    """Graphs of every pass (all weights on the host, and fully offloaded), and the profile.
+    acc None: the CPU alone (plans choose host weight layouts only)."""
     model = gguf_file.check_model(path)
-    dev = devmod.resolve(acc)
-    if dev.is_host:
+    dev = devmod.resolve(acc) if acc is not None else None
+    if dev is not None and dev.is_host:
         raise PlanError(f"device {acc} is host memory; name an accelerator (a GPU or an rpc-server device)")
+    acc_name = dev.name if dev is not None else None
     n_layer = int(model.hparam("block_count", 0))
     sizes = sorted(set(workload.ubatches()) | {1})
-    kw = {"devices": [dev.name], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes), "op_offload": op_offload}
+    kw = {"devices": [acc_name] if acc_name else [], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes),
+          "op_offload": op_offload}
     if progress:
         log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
     # each pass's graph at the KV length it runs at (attention's cost grows with it); memory
@@ -173,28 +176,28 @@ def build_context(path: str | Path, acc: str, workload: Workload, *, profile: Pr
     offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
     for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx}):
         want = [n for n in sizes if kv_len[n] == n_kv or (n == 1 and n_kv == workload.n_ctx)]
-        for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)):
+        for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)) if acc_name else ((0, base),):
             with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv, "n_ubatch": max(want)}) as s:
                 out.update({(n, n_kv): s.graph(n) for n in want})
     g_mem = base[(1, workload.n_ctx)]
     graphs = {n: base[(n, kv_len[n])] for n in sizes}
-    full = {n: offl[(n, kv_len[n])] for n in sizes}
+    full = {n: offl[(n, kv_len[n])] for n in sizes} if acc_name else {n: None for n in sizes}
     if profile is None:
         if progress:
             log("profiling (cached after the first time)")
-        profile = profile_model(path, [HOST, dev.name], threads=threads, n_tokens=DEFAULT_TOKENS,
-                                n_ctx=workload.n_ctx, op_offload=op_offload, progress=progress)
-    _check_profile(profile, dev.name, graphs)
-    passes = {n: PassModel(graphs[n], profile, dev.name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
+        profile = profile_model(path, [HOST, acc_name] if acc_name else [HOST], threads=threads,
+                                n_tokens=DEFAULT_TOKENS, n_ctx=workload.n_ctx, op_offload=op_offload, progress=progress)
+    _check_profile(profile, acc_name, graphs)
+    passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
               for n in sizes}
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
                 "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
-    return PlanContext(model, dev.name, workload, profile, passes, weight_bytes(g_mem), kv_bytes_per_layer(g_mem),
+    return PlanContext(model, acc_name, workload, profile, passes, weight_bytes(g_mem), kv_bytes_per_layer(g_mem),
                        n_layer, settings)
 
 
-def _check_profile(profile: Profile, acc: str, graphs: Mapping[int, Graph]) -> None:
-    for d in (HOST, acc):
+def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph]) -> None:
+    for d in (HOST, acc) if acc else (HOST,):
         if d not in profile.ops:
             raise PlanError(f"profile {profile.key[:12]} was not measured on {d} (it has {', '.join(profile.ops)})")
     for g in graphs.values():

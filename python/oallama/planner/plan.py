@@ -1,5 +1,9 @@
 """Plan: decide, tensor by tensor, what lives on the accelerator, for a memory budget and a
-stated workload; predict TTFT and TPOT; write the plan file `Llama(placement=...)` loads (seed 002).
+stated workload, and in which layout each host weight lives (`layouts`); predict TTFT and TPOT;
+write the plan file `Llama(placement=...)` loads (seed 002).
+
+Without an accelerator (no GPU budget) a plan is CPU-only: its only choices are host weight
+layouts (plain, repacked, or both within --host-budget), which still pay off on some CPUs.
 
 `make_plan` builds every plan, whatever its strategy, in one place: the strategy (`strategies`:
 layers, affinity, optimal, and the benchmark baselines fit and flexgen) places the weights within
@@ -28,9 +32,10 @@ from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
 from ..runtime import devices as devmod
 from ..runtime import place, planfile
+from . import layouts as layoutmod
 from . import strategies
 from .context import OBJECTIVES, PlanContext, Workload, build_context, parse_budget
-from .profile import Profile, build_info
+from .profile import DUAL, PLAIN, REPACK, Profile, build_info
 from .schedmodel import HOST, NEVER, Placement
 from .strategies import (
     BASELINES,
@@ -44,6 +49,7 @@ from .strategies import (
 from .verify import measure_memory
 
 SCHEMA = planfile.PLAN_SCHEMA
+LAYOUT_STRATEGIES = ("affinity", "optimal")  # strategies that also choose host weight layouts
 
 
 # --- plans --------------------------------------------------------------------------------------
@@ -55,7 +61,7 @@ class Plan:
     accounting of its memory; `to_json` is the plan file."""
 
     strategy: str
-    accelerator: str
+    accelerator: str | None  # None: a CPU-only plan
     placement: Placement
     budget_bytes: int
     budget_request: str
@@ -71,16 +77,19 @@ class Plan:
     all_weights: list[str] = field(default_factory=list)
     raw_overrides: list[tuple[str, str]] = field(default_factory=list)  # "fit": llama.cpp's own patterns
 
+    host_budget: int | None = None  # bytes of host memory for weights (dual layouts), when given
+
     @property
     def devices(self) -> list[str]:
-        return [HOST, self.accelerator]
+        return [HOST, self.accelerator] if self.accelerator else [HOST]
 
     @property
     def n_gpu_layers(self) -> int:
         return int(self.extra.get("n_gpu_layers", self.placement.n_gpu_layers))
 
     def assignment(self) -> dict[str, str]:
-        return {w: (self.accelerator if w in self.placement.on_acc else HOST) for w in self.all_weights}
+        return {w: (self.accelerator if self.accelerator and w in self.placement.on_acc else HOST)
+                for w in self.all_weights}
 
     def offload_policy(self) -> dict[str, int]:
         """host weight -> min batch from which its op is streamed (empty: llama.cpp's default)."""
@@ -96,14 +105,33 @@ class Plan:
         else:
             overrides = [] if self.stock_layers else place.compile_patterns(
                 place.explicit(self.assignment(), self.n_gpu_layers, int(self.model.get("n_layer", 0))))
-        return place.LoadSpec(self.assignment(), [self.accelerator], overrides,
-                              {self.accelerator: devmod.resolve(self.accelerator).buffer_type, HOST: "CPU"})
+        accs = [self.accelerator] if self.accelerator else []
+        buft = {HOST: "CPU", **{a: devmod.resolve(a).buffer_type for a in accs}}
+        lays = dict(self.placement.layouts)
+        lay_ov = place.layout_overrides(lays, {})
+        buft.update({lay: lay for _, lay in lay_ov})
+        return place.LoadSpec(self.assignment(), accs, lay_ov + overrides, buft, lays, self.placement.dual_max_batch)
+
+    def stock_layouts(self) -> list[str] | None:
+        """Arguments giving stock llama.cpp this plan's host layouts: [] (its default: repacked
+        wherever it can), ["--no-repack"] (all plain), or None when the plan mixes layouts or
+        keeps both (per-weight layouts need oallama: stock -ot knows only devices' buffer types)."""
+        kinds = set(self.placement.layouts.values())
+        if not kinds or kinds == {REPACK}:
+            return []
+        if kinds == {PLAIN}:
+            return ["--no-repack"]
+        return None
 
     def emit_args(self) -> list[str]:
         """Arguments reproducing the weight placement in stock llama-server / llama-cli."""
         args = ["-ngl", str(self.n_gpu_layers)]
-        if not self.stock_layers:
-            args += self.load_spec().ot_arguments()
+        if not self.stock_layers and self.accelerator:
+            spec = self.load_spec()
+            args += place.LoadSpec(spec.assignment, spec.devices, [o for o in spec.overrides
+                                                                   if o[1] not in place.HOST_LAYOUT_NAMES],
+                                   spec.buffer_types).ot_arguments()
+        args += self.stock_layouts() or []
         if self.strategy == "flexgen":
             args += ["--op-offload"]  # and GGML_OP_OFFLOAD_MIN_BATCH=1 in the environment
         return args
@@ -116,7 +144,8 @@ class Plan:
                 "build": build_info(), "load": self.load_mode,
                 "overrides": [list(o) for o in self.raw_overrides],
                 "n_gpu_layers": self.n_gpu_layers, "kv_layers": self.placement.kv_layers,
-                "placement": self.assignment(),
+                "placement": self.assignment(), "layouts": dict(sorted(self.placement.layouts.items())),
+                "dual_max_batch": self.placement.dual_max_batch, "host_budget_bytes": self.host_budget,
                 "offload_min_batch": {w: (None if b >= NEVER else b) for w, b in self.offload_policy().items()},
                 "predicted": self.predicted, "memory": self.memory, "plan_seconds": self.plan_s,
                 "extra": {k: v for k, v in self.extra.items() if k != "order"}}
@@ -136,21 +165,66 @@ def _model_doc(ctx: PlanContext) -> dict[str, Any]:
             "weight_bytes": ctx.model.weight_bytes}
 
 
-def make_plan(ctx: PlanContext, strategy: str, budget: str | int, *, progress: bool = False,
-              candidates: Sequence[Plan] = (), time_limit: float | None = None) -> Plan:
+def parse_host_budget(value: str | int, host_weight_bytes: int) -> int:
+    """Host memory for weights (bytes): bytes as for the GPU budget, or a share of the weights the
+    host keeps, up to "200%" (every layout-capable weight in both layouts)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            pct = float(value.strip()[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 200:
+            raise PlanError(f"--host-budget {value!r}: a share of the host's weights must be in (0%, 200%]")
+        return int(host_weight_bytes * pct / 100)
+    return parse_budget(value, host_weight_bytes)
+
+
+def _host_extra(ctx: PlanContext, p: Placement, host_budget: str | int | None) -> tuple[int, int | None]:
+    """(bytes the dual copies may use, the host budget in bytes) for placement p."""
+    if host_budget is None:
+        return 0, None
+    on_host = sum(b for w, b in ctx.weight_bytes.items() if w not in p.on_acc)
+    budget = parse_host_budget(host_budget, on_host)
+    if budget < on_host:
+        raise PlanError(f"--host-budget {host_budget!r} ({budget / 2**20:.1f} MiB) is less than the weights the "
+                        f"host keeps ({on_host / 2**20:.1f} MiB); the host budget counts them too")
+    return budget - on_host, budget
+
+
+def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, progress: bool = False,
+              candidates: Sequence[Plan] = (), time_limit: float | None = None,
+              host_budget: str | int | None = None) -> Plan:
     """Plan with `strategy` within `budget`, verified against llama.cpp's memory accounting.
     candidates: plans already made for this budget (optimal starts from the best of them and
     keeps one that is predicted faster, saying so in extra["winner"]); time_limit: seconds the
-    exact solver may search per offload mode (default strategies.TIME_LIMIT_S)."""
+    exact solver may search per offload mode (default strategies.TIME_LIMIT_S); host_budget:
+    host memory for weights, which dual layouts may fill (None: no dual layouts).
+    A CPU-only context (ctx.acc None) takes no budget: `layers` is llama.cpp's default, and the
+    layout strategies choose host layouts only."""
     s = strategies.get(strategy)
-    budget_bytes = parse_budget(budget, ctx.model.weight_bytes)
-    search = Search(tuple(candidates), TIME_LIMIT_S if time_limit is None else time_limit, progress)
     t0 = time.perf_counter()
-    placed = s.place(ctx, budget_bytes, search)
+    if ctx.acc is None:
+        if budget is not None:
+            raise PlanError("a GPU budget needs an accelerator (name one with --device or --rpc-local)")
+        if s.baseline:
+            raise PlanError(f"strategy '{strategy}' needs an accelerator")
+        budget_bytes = 0
+        placed = strategies.Placed(Placement(), {"total": 0}, {"cpu_only": True}, stock_layers=True)
+    else:
+        if budget is None:
+            raise PlanError(f"strategy '{strategy}' needs a GPU budget (bytes such as '12GiB' or a share such as '50%')")
+        budget_bytes = parse_budget(budget, ctx.model.weight_bytes)
+        search = Search(tuple(candidates), TIME_LIMIT_S if time_limit is None else time_limit, progress)
+        placed = s.place(ctx, budget_bytes, search)
+    placement, details, host_bytes = placed.placement, dict(placed.details), None
+    if s.name in LAYOUT_STRATEGIES and not placed.raw_overrides:
+        extra, host_bytes = _host_extra(ctx, placement, host_budget)
+        placement, lay_details = layoutmod.choose(ctx, placement, extra)
+        details["layout_choice"] = lay_details
     elapsed = time.perf_counter() - t0
-    return Plan(s.name, ctx.acc, placed.placement, budget_bytes, str(budget), ctx.workload,
-                ctx.predict(placed.placement), placed.memory, _model_doc(ctx), ctx.settings, ctx.profile.key,
-                placed.stock_layers, elapsed, placed.details, sorted(ctx.weight_bytes), placed.raw_overrides)
+    return Plan(s.name, ctx.acc, placement, budget_bytes, str(budget) if budget is not None else "",
+                ctx.workload, ctx.predict(placement), placed.memory, _model_doc(ctx), ctx.settings, ctx.profile.key,
+                placed.stock_layers, elapsed, details, sorted(ctx.weight_bytes), placed.raw_overrides, host_bytes)
 
 
 def read_plan(path: str | Path, model: gguf_file.GGUFInfo | None = None) -> dict[str, Any]:
@@ -164,9 +238,9 @@ class LoadPlanner:
 
     strategies = STRATEGIES + BASELINES
 
-    def __call__(self, model_path: Path, strategy: str, budget: str | int, *, device: str, workload: Any,
-                 profile: Any, threads: int | None, op_offload: bool, n_ubatch: int,
-                 progress: bool) -> dict[str, Any]:
+    def __call__(self, model_path: Path, strategy: str, budget: str | int | None, *, device: str | None,
+                 workload: Any, profile: Any, threads: int | None, op_offload: bool, n_ubatch: int,
+                 progress: bool, host_budget: str | int | None = None) -> dict[str, Any]:
         if isinstance(workload, Mapping):
             workload = Workload(**{"n_ubatch": n_ubatch, **workload})
         wl = workload or Workload(n_ubatch=n_ubatch)
@@ -174,7 +248,7 @@ class LoadPlanner:
             profile = Profile.load(profile)
         ctx = build_context(model_path, device, wl, profile=profile, threads=threads, op_offload=op_offload,
                             progress=progress)
-        return make_plan(ctx, strategy, budget).to_json()
+        return make_plan(ctx, strategy, budget, host_budget=host_budget).to_json()
 
 
 # --- CLI ----------------------------------------------------------------------------------------
@@ -185,7 +259,11 @@ class PlanOptions:
     """Everything `oallama plan` takes (its flags are generated from these fields)."""
 
     model: Path = option(positional=True, help="GGUF model file")
-    gpu_budget: str = option(help="bytes ('12GiB') or a share of the weights ('50%')")
+    gpu_budget: str | None = option(None, help="bytes ('12GiB') or a share of the weights ('50%') on the accelerator",
+                                    default_help="none: a CPU-only plan (host weight layouts only)")
+    host_budget: str | None = option(None, help="host memory for weights ('20GiB', or up to '200%' of the host's "
+                                     "weights): dual layouts may use what the weights leave",
+                                     default_help="no dual layouts")
     device: str | None = option(None, help="the accelerator", default_help="the first GPU")
     rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
     rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
@@ -201,21 +279,27 @@ class PlanOptions:
 
 
 def layer_table(ctx: PlanContext, plan: Plan) -> str:
-    """Per layer: weights on the accelerator, their bytes, and the predicted gain of the plan
-    over keeping that layer's ops on the host (workload-weighted compute time, ms)."""
+    """Per layer: weights on the accelerator, their bytes, the host layouts, and the predicted gain
+    of the plan over llama.cpp's default for that layer (weights on the host, default layouts;
+    workload-weighted compute time, ms)."""
     pw = ctx.workload.pass_weights()
+    base = Placement()
     gain: dict[str, float] = {}
     for n, pm in ctx.passes.items():
         dev = pm.cost(plan.placement).on_acc
         for i in pm.targets:
-            th = pm.t_host[i]
+            th = pm.host_us(i, base)
             w = pm.graph.nodes[i].weight
-            gain[w] = gain.get(w, 0.0) + pw.get(n, 0.0) * (th - (pm.t_acc[i] if dev[i] else th)) / 1e3
+            gain[w] = gain.get(w, 0.0) + pw.get(n, 0.0) * (th - (pm.t_acc[i] if dev[i] else
+                                                                 pm.host_us(i, plan.placement))) / 1e3
     rows: dict[str, list[str]] = {}
     for w in sorted(ctx.weight_bytes):
         m = re.match(r"^blk\.(\d+)\.", w)
         rows.setdefault(m[1] if m else "-", []).append(w)
-    lines = [f"{'layer':>6} {'on ' + ctx.acc:<44} {'MiB':>9} {'gain ms':>9}  kv"]
+    lays = plan.placement.layouts
+    short = {PLAIN: "P", REPACK: "R", DUAL: "D"}
+    acc = ctx.acc or "-"
+    lines = [f"{'layer':>6} {'on ' + acc:<40} {'MiB':>9} {'layouts':<12} {'gain ms':>9}  kv"]
     for key in sorted(rows, key=lambda k: -1 if k == "-" else int(k)):
         ws = rows[key]
         on = [w for w in ws if w in plan.placement.on_acc]
@@ -223,9 +307,13 @@ def layer_table(ctx: PlanContext, plan: Plan) -> str:
         names = " ".join(w.split(".")[-2] if key != "-" else w for w in on) or "-"
         if streamed:
             names += f" (+{len(streamed)} streamed)"
+        counts = {c: sum(1 for w in ws if lays.get(w) == lay) for lay, c in short.items()}
+        lay_text = " ".join(f"{c}{k}" for k, c in ((c, counts[c]) for c in short.values()) if c) or "-"
         kv = "acc" if key != "-" and int(key) >= ctx.n_layer - plan.placement.kv_layers else ""
-        lines.append(f"{key:>6} {names[:44]:<44} {sum(ctx.weight_bytes[w] for w in on) / 2**20:>9.1f} "
-                     f"{sum(gain.get(w, 0.0) for w in ws):>9.2f}  {kv}")
+        lines.append(f"{key:>6} {names[:40]:<40} {sum(ctx.weight_bytes[w] for w in on) / 2**20:>9.1f} "
+                     f"{lay_text:<12} {sum(gain.get(w, 0.0) for w in ws):>9.2f}  {kv}")
+    lines.append("layouts: P plain, R repacked (CPU_REPACK), D both (CPU_REPACK_DUAL); "
+                 "gain: vs llama.cpp's default for the layer")
     return "\n".join(lines)
 
 
@@ -233,38 +321,63 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..runtime.rpc import local_server_if
 
     o = from_args(PlanOptions, args)
-    parse_budget(o.gpu_budget, gguf_file.check_model(o.model).weight_bytes)  # refuse a bad budget before any work
+    info = gguf_file.check_model(o.model)
+    cpu_only = o.gpu_budget is None
+    if cpu_only and (o.device or o.rpc_local):
+        raise PlanError("--device / --rpc-local need --gpu-budget (without one the plan is CPU-only)")
+    if not cpu_only:
+        parse_budget(o.gpu_budget, info.weight_bytes)  # refuse a bad budget before any work
+    if o.host_budget is not None:
+        parse_host_budget(o.host_budget, info.weight_bytes)
     with local_server_if(o.rpc_local and not o.device, o.rpc_threads) as server:
+        acc: str | None = None
         if o.device:
             acc = devmod.resolve(o.device).name
         elif server is not None:
             acc = server.device_name
-        else:
+        elif not cpu_only:
             found = devmod.default_accelerator()
             if found is None:
-                raise PlanError("no accelerator here: name one with --device (e.g. RPC[host:port]) or use --rpc-local")
+                raise PlanError("no accelerator here: name one with --device (e.g. RPC[host:port]) or use --rpc-local; "
+                                "without --gpu-budget the plan is CPU-only")
             acc = found.name
         wl = o.workload
         prof = Profile.load(o.profile) if o.profile else None
         ctx = build_context(o.model, acc, wl, profile=prof, threads=o.threads, progress=o.progress)
-        budget_bytes = parse_budget(o.gpu_budget, ctx.model.weight_bytes)
         plans: dict[str, Plan] = {}
-        for s in STRATEGIES:
-            plans[s] = make_plan(ctx, s, o.gpu_budget, candidates=list(plans.values()), time_limit=o.time_limit)
-        chosen = plans[o.strategy]
+        for s in (("layers", "optimal") if cpu_only else STRATEGIES):
+            plans[s] = make_plan(ctx, s, o.gpu_budget, candidates=list(plans.values()), time_limit=o.time_limit,
+                                 host_budget=o.host_budget)
+        chosen = plans[o.strategy] if o.strategy in plans else plans["optimal"]
+        where = "CPU only" if cpu_only else f"budget {parse_budget(o.gpu_budget, ctx.model.weight_bytes) / 2**20:.1f} " \
+                                            f"MiB on {acc}"
         print(f"{ctx.model.path.name}: {ctx.model.weight_bytes / 2**20:.1f} MiB of weights, {ctx.n_layer} layers; "
-              f"budget {budget_bytes / 2**20:.1f} MiB on {acc}; workload prompt {wl.prompt}, gen {wl.gen}, "
-              f"objective {wl.objective}; threads {ctx.settings['threads']}")
+              f"{where}; workload prompt {wl.prompt}, gen {wl.gen}, objective {wl.objective}; "
+              f"threads {ctx.settings['threads']}")
         print(f"\nplan '{chosen.strategy}':")
         print(layer_table(ctx, chosen))
         print(f"\n{'strategy':<10} {'on acc MiB':>10} {'TTFT ms':>10} {'TPOT ms':>10} {'e2e ms':>10} {'splits':>7} "
-              f"{'plan s':>7}")
-        for s, p in plans.items():
-            print(f"{s:<10} {p.memory['total'] / 2**20:>10.1f} {p.predicted['ttft_ms']:>10.2f} "
-                  f"{p.predicted['tpot_ms']:>10.2f} {p.predicted['e2e_ms']:>10.2f} "
-                  f"{p.predicted['passes']['1']['splits']:>7} {p.plan_s:>7.2f}")
+              f"{'plan s':>7}  host layouts")
+        rows = [(("default" if cpu_only and s == "layers" else s), p.memory["total"], p.predicted, p.plan_s,
+                 layoutmod.summary(p.placement.layouts) if p.placement.layouts else "llama.cpp's")
+                for s, p in plans.items()]
+        if cpu_only or any(p.placement.layouts for p in plans.values()):
+            plain = chosen.placement.with_layouts({w: PLAIN for w in chosen.placement.layouts})
+            if chosen.placement.layouts:
+                rows.insert(1, ("all plain", chosen.memory["total"], ctx.predict(plain), 0.0, "--no-repack"))
+        for name, mem, pred, secs, lay in rows:
+            print(f"{name:<10} {mem / 2**20:>10.1f} {pred['ttft_ms']:>10.2f} {pred['tpot_ms']:>10.2f} "
+                  f"{pred['e2e_ms']:>10.2f} {pred['passes']['1']['splits']:>7} {secs:>7.2f}  {lay}")
+        lay_choice = chosen.extra.get("layout_choice", {})
+        if lay_choice.get("dual_extra_bytes"):
+            print(f"dual layouts: {lay_choice['dual_extra_bytes'] / 2**20:.1f} MiB more host memory "
+                  f"(repacked copy below {lay_choice['dual_max_batch']} tokens per batch)")
+        elif o.host_budget is None and chosen.placement.layouts:
+            print("dual layouts: off (give --host-budget to let weights keep both layouts)")
         opt = plans["optimal"].extra
-        if opt.get("winner") == "host":
+        if cpu_only:
+            pass
+        elif opt.get("winner") == "host":
             print("optimal: the solver found no placement within the budget; every weight stays on the host")
         elif opt.get("winner") != "solver":
             print(f"optimal: the solver found no placement that fits and is predicted faster than "
@@ -279,6 +392,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             if chosen.offload_policy():
                 print("# per-tensor streaming thresholds need oallama (stock llama.cpp has one global "
                       "GGML_OP_OFFLOAD_MIN_BATCH)")
+            if chosen.stock_layouts() is None:
+                print("# per-weight host layouts (mixed, or both kept) need oallama: stock -ot names only devices' "
+                      "buffer types; the nearest single layout is the default (repacked) or --no-repack")
         if o.output:
             print(f"\nwrote {chosen.save(o.output)}")
     return 0
@@ -294,6 +410,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_plan)
 
 
-__all__ = ["BASELINES", "OBJECTIVES", "SCHEMA", "STRATEGIES", "LoadPlanner", "Plan", "PlanContext", "PlanOptions",
-           "Workload", "affinity_order", "build_context", "make_plan", "measure_memory", "parse_budget",
-           "place_affinity", "place_layers", "read_plan"]
+__all__ = ["BASELINES", "LAYOUT_STRATEGIES", "OBJECTIVES", "SCHEMA", "STRATEGIES", "LoadPlanner", "Plan",
+           "PlanContext", "PlanOptions", "Workload", "affinity_order", "build_context", "make_plan", "measure_memory",
+           "parse_budget", "parse_host_budget", "place_affinity", "place_layers", "read_plan"]

@@ -6,6 +6,10 @@ as a one-op ggml graph on that device's backend (csrc/profile.cpp): the weight i
 type a real load would use (CPU: repacked layouts when enabled), the CPU with the thread count
 it will run with, warm-up runs discarded, median and spread of the repeats kept.
 
+A host weight can live in several layouts (`HOST_LAYOUTS`: plain memory, ggml's repacked layout for
+the CPU's kernels): each host matmul that has a repacked layout is timed in both (`layouts`), so
+the planner can choose per weight (issue: layouts are placements too).
+
 T' (moving activations between host and device) is measured as synchronised copies over the
 activation sizes that occur and fitted as latency + bytes / bandwidth, per direction. The fixed
 cost of handing a device one graph (a split) is measured as `launch_us`.
@@ -42,6 +46,9 @@ from .graph import Inventory, TargetOp, inventory
 
 SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
+PLAIN, REPACK, DUAL = "CPU", "CPU_REPACK", "CPU_REPACK_DUAL"  # host weight layouts (ggml buffer types)
+HOST_LAYOUTS = (PLAIN, REPACK)  # timed per host matmul; DUAL runs one or the other (by batch)
+LAYOUTS_VERSION = 1  # how `layouts` is measured (part of the profile key)
 
 
 def cache_dir() -> Path:
@@ -113,6 +120,9 @@ class Profile:
     created: float = field(default_factory=time.time)
     elapsed_s: float = 0.0
     calibration: Calibration | None = None  # terms fitted on the real graph (calibrate.py)
+    # host layout -> op key -> stats: the host's matmuls in each layout they can have (only
+    # signatures with a repacked layout; the default layout's times are also in ops["CPU"])
+    layouts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -120,13 +130,15 @@ class Profile:
     def op_key(op: str, wtype: str, shape: Sequence[int], n: int) -> str:
         return f"{op}:{wtype}:{'x'.join(map(str, shape))}:{n}"
 
-    def op_time_us(self, device: str, op: TargetOp, n: int | None = None) -> float:
+    def op_time_us(self, device: str, op: TargetOp, n: int | None = None, layout: str | None = None) -> float:
         """Median time of `op` on `device` at n columns (default: the op's own), interpolated
-        linearly between the measured column counts (and extrapolated from the two nearest)."""
+        linearly between the measured column counts (and extrapolated from the two nearest).
+        layout: a host layout (HOST_LAYOUTS) instead of the one a default load uses."""
         n = op.n_tokens if n is None else n
-        table = self.ops.get(device)
+        table = self.ops.get(device) if layout is None else self.layouts.get(layout)
         if table is None:
-            raise ProfileError(f"profile {self.key[:12]} has no measurements for device {device}")
+            raise ProfileError(f"profile {self.key[:12]} has no measurements for device {device}"
+                               + (f" in layout {layout}" if layout else ""))
         exact = table.get(self.op_key(op.op, op.weight_type, op.weight_shape, n))
         if exact is not None:
             return float(exact["median_us"])
@@ -153,7 +165,7 @@ class Profile:
         return Profile(self.key, self.model_shapes, {ren[k]: v for k, v in self.devices.items()}, self.settings,
                        self.build, {ren[k]: v for k, v in self.ops.items()},
                        {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s,
-                       self.calibration.renamed(ren) if self.calibration is not None else None)
+                       self.calibration.renamed(ren) if self.calibration is not None else None, self.layouts)
 
     def link(self, device: str, direction: str) -> Link:
         if device not in self.links:
@@ -170,11 +182,25 @@ class Profile:
         d = self.devices.get(device, {})
         return float(d.get("issue_us", d.get("launch_us", 0.0)))
 
-    def compute_us(self, device: str, op: TargetOp) -> float:
+    def compute_us(self, device: str, op: TargetOp, layout: str | None = None) -> float:
         """The op's own compute (us): its profiled time less the launch it includes (at least a
-        tenth of it: a launch measured slower than a small op is noise, not a negative cost)."""
-        t = self.op_time_us(device, op)
+        tenth of it: a launch measured slower than a small op is noise, not a negative cost).
+        layout: a host layout (HOST_LAYOUTS) instead of the default load's."""
+        t = self.op_time_us(device, op, layout=layout)
         return max(t - self.launch_us(device), 0.1 * t)
+
+    def has_layouts(self, op: TargetOp) -> bool:
+        """The host times `op` in every host layout (its weight type and shape can be repacked)."""
+        key = self.op_key(op.op, op.weight_type, op.weight_shape, op.n_tokens)
+        prefix = key.rsplit(":", 1)[0] + ":"
+        return all(any(k == key or k.startswith(prefix) for k in self.layouts.get(lay, {})) for lay in HOST_LAYOUTS)
+
+    def default_layout(self, op: TargetOp) -> str:
+        """The host layout a default load gives `op`'s weight (the buffer type it was timed in)."""
+        table = self.ops.get("CPU", {})
+        prefix = self.op_key(op.op, op.weight_type, op.weight_shape, 0)[:-1]
+        bt = next((v.get("buffer_type") for k, v in table.items() if k.startswith(prefix)), PLAIN)
+        return REPACK if bt == REPACK else PLAIN
 
     # --- persistence --------------------------------------------------------------------------
 
@@ -185,6 +211,7 @@ class Profile:
                               for k, v in ls.items()} for d, ls in self.links.items()},
                 "created": self.created, "elapsed_s": self.elapsed_s,
                 "calibration": self.calibration.to_json() if self.calibration is not None else None,
+                "layouts": self.layouts,
                 "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name()}}
 
     @staticmethod
@@ -200,9 +227,11 @@ class Profile:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"{path}: corrupt oallama profile: missing or bad field "
                                f"({type(e).__name__}: {e})") from None
-        if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops)) or \
-                not all(isinstance(t, dict) for t in prof.ops.values()):
-            raise ProfileError(f"{path}: corrupt oallama profile: 'devices', 'build' and 'ops' must be mappings")
+        prof.layouts = doc.get("layouts") or {}
+        if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops, prof.layouts)) or \
+                not all(isinstance(t, dict) for t in [*prof.ops.values(), *prof.layouts.values()]):
+            raise ProfileError(f"{path}: corrupt oallama profile: 'devices', 'build', 'ops' and 'layouts' must be "
+                               "mappings")
         if doc.get("calibration"):
             try:
                 prof.calibration = Calibration.from_json(doc["calibration"])
@@ -270,7 +299,7 @@ def device_identity(d: devmod.Device) -> str:
 def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) -> str:
     doc = {"schema": SCHEMA, "shapes": shapes, "devices": [device_identity(d) for d in devs],
            "settings": settings.as_dict(), "build": build_info(),
-           "calibration": CALIBRATION_VERSION if settings.calibrate else None}
+           "calibration": CALIBRATION_VERSION if settings.calibrate else None, "layouts": LAYOUTS_VERSION}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -286,6 +315,27 @@ def _spread(sizes: list[int], k: int = 6) -> list[int]:
     return sorted(pts | {4 << 20})
 
 
+def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], wtype: str, shape: tuple[int, ...],
+                  cols: list[int], timed: Sequence[Any], threads: int, warmup: int, repeats: int) -> None:
+    """A host matmul in the layout its default load did not time: the plain one when the default
+    is repacked; the repacked one, if the CPU has it for this weight, when the default is plain
+    (no repacking, or a GPU's host memory). Both go to `out` (layout -> op key -> stats)."""
+    default = timed[0].buffer_type
+    if default == REPACK:
+        other = _core.profile_mul_mat("CPU", wtype, shape[0], shape[1], cols, threads, warmup, repeats, layout=PLAIN)
+        pairs = {REPACK: timed, PLAIN: other}
+    else:
+        # the loader's own probe: only a weight CPU_REPACK supports may be put there
+        other = _core.profile_mul_mat("CPU", wtype, shape[0], shape[1], cols, threads, warmup, repeats, True, "")
+        if other[0].buffer_type != REPACK:
+            return
+        pairs = {PLAIN: timed, REPACK: other}
+    for lay, res in pairs.items():
+        for n, r in zip(cols, res, strict=True):
+            out.setdefault(lay, {})[Profile.op_key("MUL_MAT", wtype, shape, n)] = {**_stats(r.samples_us),
+                                                                                 "buffer_type": r.buffer_type}
+
+
 def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
             progress: bool = True) -> Profile:
     """Time every target op signature of `inv` on every device, and the host<->device links."""
@@ -296,6 +346,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     ops: dict[str, dict[str, dict[str, Any]]] = {d.name: {} for d in devs}
     links: dict[str, dict[str, Link]] = {}
     info: dict[str, dict[str, Any]] = {}
+    layouts: dict[str, dict[str, dict[str, Any]]] = {}
     total = len(sigs) * len(devs)
     done = 0
     # with a GPU-class device in the load, llama.cpp keeps host weights in its pinned host buffer
@@ -337,6 +388,8 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             for n, r, x in zip(cols, res, extra, strict=True):
                 ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
                                                                     "buffer_type": r.buffer_type, **x}
+            if d.is_host and op == "MUL_MAT":
+                _time_layouts(layouts, wtype, shape, cols, res, threads, warmup, repeats)
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
@@ -352,7 +405,8 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     if progress:
         print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s".ljust(100),
               file=sys.stderr, flush=True)
-    prof = Profile(profile_key(shapes, devs, settings), shapes, info, settings, build_info(), ops, links)
+    prof = Profile(profile_key(shapes, devs, settings), shapes, info, settings, build_info(), ops, links,
+                   layouts=layouts)
     prof.elapsed_s = time.perf_counter() - t_start
     return prof
 

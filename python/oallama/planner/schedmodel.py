@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
 from .calibrate import Calibration, work
 from .graph import Graph, Node
-from .profile import Profile
+from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Profile
 
 HOST = "CPU"
 _KV_LEAF = re.compile(r"^cache_[a-z]+_l(\d+)$")
@@ -67,11 +67,24 @@ class Placement:
     kv_layers: int = 0  # the last kv_layers layers are "on the accelerator": their KV cache, and
     #                     the nodes llama.cpp pins to a layer's device (see n_gpu_layers)
     min_batch: Mapping[str, int] = field(default_factory=dict)  # host weight -> stream at batch >= this
+    # host weight -> its layout (profile.HOST_LAYOUTS or DUAL); absent: the default load's
+    layouts: Mapping[str, str] = field(default_factory=dict)
+    dual_max_batch: int = 0  # DUAL weights: ops of fewer columns use the repacked copy (patch 0006)
 
     @property
     def n_gpu_layers(self) -> int:
         """llama.cpp's n_gpu_layers giving kv_layers: it counts the output layer first."""
         return self.kv_layers + 1 if self.kv_layers > 0 else 0
+
+    def with_layouts(self, layouts: Mapping[str, str], dual_max_batch: int = 0) -> Placement:
+        return Placement(self.on_acc, self.kv_layers, self.min_batch, dict(layouts), dual_max_batch)
+
+    def layout_of(self, weight: str, batch: int) -> str | None:
+        """The host layout `weight`'s op runs in at `batch` columns (None: the default load's)."""
+        lay = self.layouts.get(weight)
+        if lay == DUAL:
+            return REPACK if batch < self.dual_max_batch else PLAIN
+        return lay
 
     def streams(self, weight: str, batch: int, default: bool) -> bool:
         m = self.min_batch.get(weight)
@@ -105,7 +118,7 @@ class PassCost:
 class PassModel:
     """One graph, its scheduling rules and its cost coefficients (see module docstring)."""
 
-    def __init__(self, graph: Graph, profile: Profile | None, acc: str, *, n_layer: int, op_offload: bool = True,
+    def __init__(self, graph: Graph, profile: Profile | None, acc: str | None, *, n_layer: int, op_offload: bool = True,
                  full_graph: Graph | None = None) -> None:
         """graph: the ubatch's graph with every weight in host memory and n_gpu_layers=0 (its
         scheduling shows llama.cpp's default op offload); full_graph: the same graph with every
@@ -155,22 +168,31 @@ class PassModel:
         self.t_host: dict[int, float] = {}  # node index -> us on the host (weight matmuls, then other ops)
         self.t_acc: dict[int, float] = {}
         self.targets: set[int] = set()  # the weight matmuls among them
+        # host matmuls whose weight can be laid out either way: node -> layout -> us; and the
+        # layout a default load gives each weight matmul's weight
+        self.t_layout: dict[int, dict[str, float]] = {}
+        self.default_layout: dict[int, str] = {}
         self.overhead_us = 0.0  # the pass's time outside its graph
         if profile is not None:
             from .graph import target_ops
 
             cal = profile.calibration
             scale = {d: (cal.devices[d].matmul_scale if cal is not None and d in cal.devices else 1.0)
-                     for d in (HOST, acc)}
+                     for d in (HOST, acc) if d}
             for op in target_ops(graph):
                 self.targets.add(op.index)
                 self.t_host[op.index] = profile.compute_us(HOST, op) * scale[HOST]
-                self.t_acc[op.index] = profile.compute_us(acc, op) * scale[acc]
+                self.t_acc[op.index] = profile.compute_us(acc, op) * scale[acc] if acc else self.t_host[op.index]
+                self.default_layout[op.index] = profile.default_layout(op)
+                if op.op == "MUL_MAT" and profile.has_layouts(op):
+                    # the calibration's host scale was fitted on the default layout: applied to both
+                    self.t_layout[op.index] = {lay: profile.compute_us(HOST, op, lay) * scale[HOST]
+                                               for lay in HOST_LAYOUTS}
             if cal is not None:
                 self._other_ops(cal)
             self.h2d = profile.link(acc, "h2d")
             self.d2h = profile.link(acc, "d2h")
-            self.launch = {0: profile.issue_us(HOST), 1: profile.issue_us(acc)}
+            self.launch = {0: profile.issue_us(HOST), 1: profile.issue_us(acc) if acc else 0.0}
 
     def _other_ops(self, cal: Calibration) -> None:
         """Every non-view node that is not a weight matmul, at its calibrated cost per device (a
@@ -285,11 +307,20 @@ class PassModel:
             return self.kv_on_acc(src[1], p.kv_layers)
         return bool(src[1])
 
+    def host_us(self, i: int, p: Placement) -> float:
+        """Node i's time on the host under p's layout for its weight (us)."""
+        lays = self.t_layout.get(i)
+        if lays is not None and p.layouts:
+            lay = p.layout_of(self.graph.nodes[i].weight or "", op_batch(self.graph.nodes[i]))
+            if lay is not None:
+                return lays[lay]
+        return self.t_host[i]
+
     def cost(self, p: Placement) -> PassCost:
         dev = self.assign(p)
         compute = other = on_acc = 0.0
-        for i, th in self.t_host.items():
-            t = self.t_acc[i] if dev[i] else th
+        for i in self.t_host:
+            t = self.t_acc[i] if dev[i] else self.host_us(i, p)
             if i in self.targets:
                 compute += t
             else:

@@ -155,7 +155,10 @@ def default_accelerator() -> Device | None:
 
 
 def buffer_type_address(name: str) -> int:
-    """ggml_backend_buffer_type_t of a device's default buffer type (integer address, for ctypes)."""
+    """ggml_backend_buffer_type_t of a device's default buffer type, or of a host weight layout
+    ("CPU_REPACK", "CPU_REPACK_DUAL": _core.cpu_layouts()) (integer address, for ctypes)."""
+    if name in _core.cpu_layouts():
+        return int(_core.buffer_type_address(name))
     return int(_core.buffer_type_address(resolve(name).name))
 
 

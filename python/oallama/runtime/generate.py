@@ -147,7 +147,10 @@ class RunOptions:
     placement: str | None = option(None, help="placement/plan JSON file")
     split: str | None = option(None, choices=SPLITS, help="hand placement: put these weights on the last device")
     gpu_budget: str | None = option(None, help="plan the placement for this accelerator budget ('50%', '2GiB')")
-    strategy: str = option("optimal", choices=_strategies, help="planning strategy with --gpu-budget")
+    strategy: str = option("optimal", choices=_strategies, help="planning strategy with --gpu-budget / --cpu-plan")
+    cpu_plan: bool = option(False, help="plan this CPU's host weight layouts (no accelerator)")
+    host_budget: str | None = option(None, help="host memory for weights the plan may fill with dual layouts "
+                                     "('20GiB', '150%')", default_help="no dual layouts")
     plan_prompt: int = option(64, help="prompt length the plan optimises for")
     ubatch: int = option(512, help="llama.cpp's n_ubatch")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
@@ -178,11 +181,17 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             if not devices or len(devices) < 2:
                 raise PlacementError("--split needs a second device (--devices CPU,DEV or --rpc-local)")
             placement = split_placement(model, devices[-1], args.split)
+        elif args.cpu_plan:
+            if args.gpu_budget or (devices and len(devices) > 1):
+                raise PlacementError("--cpu-plan plans the CPU alone: drop --gpu-budget / --devices / --rpc-local")
+            placement = args.strategy
+            plan_kw = {"host_budget": args.host_budget,
+                       "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
         elif args.gpu_budget:
             if not devices or len(devices) < 2:
                 raise PlacementError("--gpu-budget needs an accelerator (--devices CPU,DEV or --rpc-local)")
             placement = args.strategy
-            plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1],
+            plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1], "host_budget": args.host_budget,
                        "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
             devices = None
         llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
@@ -190,9 +199,14 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                     **plan_kw)
         if llm.plan is not None:
             pred = llm.plan["predicted"]
-            print(f"plan '{llm.plan['strategy']}' for a {llm.plan['budget']['request']} budget on "
-                  f"{llm.plan['accelerator']}: predicted TTFT {pred['ttft_ms']:.1f} ms, TPOT {pred['tpot_ms']:.2f} ms; "
-                  f"n_gpu_layers={llm.plan['n_gpu_layers']}, {len(llm.offload_policy())} per-weight offload thresholds")
+            where = (f"for a {llm.plan['budget']['request']} budget on {llm.plan['accelerator']}"
+                     if llm.plan.get("accelerator") else "for this CPU alone")
+            lays = llm.plan.get("layouts") or {}
+            kinds = {k: sum(1 for v in lays.values() if v == k) for k in dict.fromkeys(lays.values())}
+            print(f"plan '{llm.plan['strategy']}' {where}: predicted TTFT {pred['ttft_ms']:.1f} ms, TPOT "
+                  f"{pred['tpot_ms']:.2f} ms; n_gpu_layers={llm.plan['n_gpu_layers']}, "
+                  f"{len(llm.offload_policy())} per-weight offload thresholds; host layouts: "
+                  f"{', '.join(f'{n} {k}' for k, n in kinds.items()) or 'llama.cpp default'}")
         print(placement_table(llm.tensor_placements(), devices or (llm.plan or {}).get("devices")))
         gen = timed_generate(llm, args.prompt, args.n, temperature=args.temperature, seed=args.seed)
         print(f"\nprompt: {args.prompt!r} ({gen.prompt_tokens} tokens)")

@@ -5,12 +5,17 @@ Every constructor argument and method of `llama_cpp.Llama` works unchanged. New 
     devices=    ggml device names the model may use, e.g. ["CPU", "CUDA0"] or
                 ["CPU", "RPC[127.0.0.1:50052]"]; None keeps llama.cpp's default (all local GPUs)
     placement=  weight name -> device name; or the path of a plan file (`oallama plan -o`); or a
-                strategy, "layers" | "affinity" | "optimal", planned here for gpu_budget=
+                strategy, "layers" | "affinity" | "optimal", planned here for gpu_budget= (without
+                gpu_budget= and device=: a CPU-only plan of host weight layouts)
     gpu_budget= accelerator memory for the strategy: "12GiB" or "50%" of the weights
+    host_budget= host memory for weights ("20GiB", "150%"): dual layouts may fill what they leave
     device=     the accelerator to plan for (default: the first GPU, else the first RPC device)
     workload=   oallama.planner.plan.Workload (or a mapping of its fields) to optimise for
                 (default: prompt 512, generate 128, e2e)
     profile=    a Profile or profile JSON to plan with (default: measured once, then cached)
+    layouts=    host weight -> layout: "CPU" (plain), "CPU_REPACK" or "CPU_REPACK_DUAL" (both; matmuls
+                below dual_max_batch= columns use the repacked copy). With layouts, llama.cpp's own
+                repacking is off: weights not named are plain. A plan file may carry them.
 
     >>> llm = Llama("m.gguf", gpu_budget="50%", placement="optimal")   # profile, plan, load
     >>> llm.plan["predicted"]["tpot_ms"]
@@ -73,6 +78,7 @@ class _NativeLoadParams:
     """ctypes arrays for llama_model_params.{devices,tensor_buft_overrides}, alive with the model."""
 
     def __init__(self, spec: place.LoadSpec) -> None:
+        self.use_extra_bufts = spec.use_extra_bufts
         self._patterns = [p.encode() for p, _ in spec.overrides]
         n = len(spec.overrides)
         self.overrides = (_BuftOverride * (n + 1))()
@@ -91,6 +97,8 @@ class _NativeLoadParams:
             params.tensor_buft_overrides = ctypes.cast(self.overrides, ctypes.c_void_p)
         if self.devices is not None:
             params.devices = ctypes.cast(self.devices, ctypes.c_void_p)
+        if not self.use_extra_bufts:
+            params.use_extra_bufts = False
 
 
 _params_hook_lock = threading.RLock()
@@ -131,7 +139,8 @@ def _trim(shape: Sequence[int]) -> tuple[int, ...]:
 
 def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.GGUFInfo,
              devices: Sequence[str] | None, gpu_budget: str | int | None, kwargs: dict[str, Any],
-             device: str | None, workload: Any, profile: Any) -> planfile.LoadRequest:
+             device: str | None, workload: Any, profile: Any,
+             host_budget: str | int | None = None) -> planfile.LoadRequest:
     if gpu_budget is not None and placement is None:
         placement = "optimal"
     is_file = isinstance(placement, Path) or (isinstance(placement, str) and
@@ -141,21 +150,26 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
         if placement not in planner.strategies:
             raise PlanError(f"placement '{placement}': not a plan file and not a strategy "
                             f"({', '.join(planner.strategies)})")
-        if gpu_budget is None:
-            raise PlanError(f"placement='{placement}' needs gpu_budget= (bytes such as '12GiB' or a share such as '50%')")
         acc = device or next((d for d in devices or [] if not devmod.resolve(d).is_host), None)
-        if acc is None:
+        if gpu_budget is None:
+            if acc is not None:
+                raise PlanError(f"placement='{placement}' on {acc} needs gpu_budget= (bytes such as '12GiB' or a "
+                                "share such as '50%'); without device= and gpu_budget= the plan is CPU-only")
+        elif acc is None:
             found = devmod.default_accelerator()
             if found is None:
                 raise PlanError("no accelerator to plan for: pass device='CUDA0' or 'RPC[host:port]' "
-                                "(oallama.runtime.rpc.start_server() starts a local one)")
+                                "(oallama.runtime.rpc.start_server() starts a local one), or no gpu_budget= "
+                                "for a CPU-only plan")
             acc = found.name
         doc = planner(model.path, placement, gpu_budget, device=acc, workload=workload, profile=profile,
                       threads=kwargs.get("n_threads"), op_offload=kwargs.get("op_offload") is not False,
-                      n_ubatch=int(kwargs.get("n_ubatch", 512)), progress=bool(kwargs.get("verbose", True)))
+                      n_ubatch=int(kwargs.get("n_ubatch", 512)), progress=bool(kwargs.get("verbose", True)),
+                      host_budget=host_budget)
         return planfile.operator_plan_request(doc)
-    if gpu_budget is not None:
-        raise PlanError("gpu_budget= goes with placement='layers'|'affinity'|'optimal', not with a fixed placement")
+    if gpu_budget is not None or host_budget is not None:
+        raise PlanError("gpu_budget= and host_budget= go with placement='layers'|'affinity'|'optimal', not with a "
+                        "fixed placement")
     if placement is None or isinstance(placement, Mapping):
         return planfile.LoadRequest(dict(placement) if placement is not None else None)
     if isinstance(placement, str | Path):
@@ -168,9 +182,12 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, devices: Sequence[str] | None = None,
                  placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
-                 device: str | None = None, workload: Any = None, profile: Any = None, **kwargs: Any) -> None:
+                 device: str | None = None, workload: Any = None, profile: Any = None,
+                 layouts: Mapping[str, str] | None = None, dual_max_batch: int | None = None,
+                 host_budget: str | int | None = None, **kwargs: Any) -> None:
         self.model_info = gguf_file.check_model(model_path, vocab_only=bool(kwargs.get("vocab_only")))
-        req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile)
+        req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile,
+                       host_budget)
         if devices is None and req.devices is not None:
             devices = req.devices
         if req.n_gpu_layers is not None:
@@ -186,18 +203,28 @@ class Llama(llama_cpp.Llama):
             if any(b < planfile.NEVER for b in req.offload_policy.values()):
                 raise PlanError("the plan streams host weights to the accelerator, which needs op_offload=True")
             req.offload_policy = None  # "never stream" everywhere is what op_offload=False does anyway
+        if layouts is not None:
+            if req.layouts:
+                raise PlanError("layouts= conflicts with the layouts of the plan; give one of them")
+            req.layouts, req.dual_max_batch = dict(layouts), dual_max_batch
+        if req.layouts and "CPU_REPACK_DUAL" in req.layouts.values() and kwargs.get("use_mmap") is False:
+            # llama.cpp reads host buffers in place without mmap, which would skip the repacked copy
+            raise PlacementError("dual layouts (CPU_REPACK_DUAL) need use_mmap=True")
         self.plan: dict[str, Any] | None = req.plan
         self.load_spec: place.LoadSpec | None = None
         self._native_load_params: _NativeLoadParams | None = None
-        if devices is not None or req.assignment is not None or req.raw_overrides:
+        if devices is not None or req.assignment is not None or req.raw_overrides or req.layouts:
             try:
                 self.load_spec = place.build_load_spec(self.model_info, req.assignment, devices,
-                                                       req.raw_overrides or (), int(kwargs.get("n_gpu_layers", 0)))
+                                                       req.raw_overrides or (), int(kwargs.get("n_gpu_layers", 0)),
+                                                       req.layouts, int(req.dual_max_batch or 0))
             except (UnknownDeviceError, RpcServerError, PlacementError) as e:
                 if not isinstance(placement, str | Path) or not Path(placement).is_file():
                     raise
                 raise type(e)(f"{placement}: {e}") from None  # a plan file's device that is not here
             self._native_load_params = _NativeLoadParams(self.load_spec)
+            if self.load_spec.dual_max_batch > 0:
+                _core.cpu_set_dual_max_batch(self.load_spec.dual_max_batch)  # process-wide (patch 0006)
         with _model_params_hook(self._native_load_params):
             try:
                 super().__init__(model_path, *args, **kwargs)

@@ -34,6 +34,10 @@ DEFAULT_RULE = (
     "(default 0: host memory, CPU)"
 )
 MAX_OVERRIDES = 4096  # llama_max_tensor_buft_overrides() of the pinned llama.cpp
+# host weight layouts a placement may name (ggml buffer types of the CPU): plain memory, ggml's
+# repacked layout, and both (patch 0006). A load with layouts turns llama.cpp's repacking off
+# (use_extra_bufts = false) and overrides every weight that is not plain.
+PLAIN_LAYOUT, HOST_LAYOUT_NAMES = "CPU", ("CPU", "CPU_REPACK", "CPU_REPACK_DUAL")
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _ECMA_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}/])")
 
@@ -79,8 +83,15 @@ class LoadSpec:
 
     assignment: dict[str, str]  # weight name -> oallama device name (the request)
     devices: list[str] | None  # accelerators for llama_model_params.devices; None: llama.cpp's default
-    overrides: list[tuple[str, str]]  # (pattern, device name)
+    overrides: list[tuple[str, str]]  # (pattern, device name or host layout name)
     buffer_types: dict[str, str] = field(default_factory=dict)  # device -> its buffer type name
+    layouts: dict[str, str] = field(default_factory=dict)  # host weight -> layout (HOST_LAYOUT_NAMES)
+    dual_max_batch: int = 0  # CPU_REPACK_DUAL weights: the repacked copy below this batch
+
+    @property
+    def use_extra_bufts(self) -> bool:
+        """llama.cpp's repacking of host weights: off when the placement chooses layouts itself."""
+        return not self.layouts
 
     def ot_arguments(self) -> list[str]:
         """`-ot` arguments reproducing this placement in stock llama-server / llama-cli."""
@@ -115,6 +126,18 @@ def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int) -> 
     return {w: d for w, d in assignment.items() if w in on_gpu or not devmod.resolve(d).is_host}
 
 
+def layout_overrides(layouts: Mapping[str, str], assignment: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(pattern, layout) for every weight whose layout is not plain (the load turns repacking off);
+    refuses unknown layouts and weights the assignment puts on an accelerator."""
+    for w, lay in layouts.items():
+        if lay not in HOST_LAYOUT_NAMES:
+            raise PlacementError(f"layout of '{w}' is {lay!r}: choose one of {', '.join(HOST_LAYOUT_NAMES)}")
+        dev = assignment.get(w)
+        if dev is not None and not devmod.resolve(dev).is_host:
+            raise PlacementError(f"'{w}' has a host layout ({lay}) but the placement puts it on {dev}")
+    return compile_patterns({w: lay for w, lay in layouts.items() if lay != PLAIN_LAYOUT})
+
+
 def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
     names = {t.name for t in model.tensors}
     unknown = [n for n in assignment if n not in names]
@@ -129,10 +152,12 @@ def _check_names(assignment: Mapping[str, str], model: GGUFInfo) -> None:
 
 def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
                     devices: Sequence[str] | None, raw_overrides: Sequence[tuple[str, str]] = (),
-                    n_gpu_layers: int = 0) -> LoadSpec:
+                    n_gpu_layers: int = 0, layouts: Mapping[str, str] | None = None,
+                    dual_max_batch: int = 0) -> LoadSpec:
     """Validate a placement against the model and the devices; compile it for the loader (only
     the entries `explicit` keeps: llama.cpp's own n_gpu_layers placement does the rest).
-    raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's)."""
+    raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's);
+    layouts: host weight -> layout (HOST_LAYOUT_NAMES), see layout_overrides."""
     requested = [devmod.resolve(d) for d in devices] if devices is not None else None
     assignment: dict[str, str] = {}
     for name, dev in (placement or {}).items():
@@ -159,4 +184,12 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
     buft = {d.name: d.buffer_type for d in [*(accel or []), *used]}
     raw = [(pat, devmod.resolve(dev).name) for pat, dev in raw_overrides]
     n_layer = int(model.hparam("block_count", 0) or 0)
-    return LoadSpec(assignment, names, raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer)), buft)
+    lays = dict(layouts or {})
+    _check_names(lays, model)
+    if any(lay == "CPU_REPACK_DUAL" for lay in lays.values()) and dual_max_batch < 1:
+        raise PlacementError("dual layouts (CPU_REPACK_DUAL) need dual_max_batch >= 1 (the batch from which the "
+                             "plain copy is used)")
+    lay_ov = layout_overrides(lays, assignment)
+    buft.update({lay: lay for _, lay in lay_ov})
+    return LoadSpec(assignment, names, lay_ov + raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer)),
+                    buft, lays, dual_max_batch)

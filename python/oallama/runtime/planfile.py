@@ -44,6 +44,8 @@ class LoadRequest:
     plan: dict[str, Any] | None = None  # the plan document, when there is one
     raw_overrides: list[tuple[str, str]] | None = None  # patterns used as they are (llama.cpp's fit)
     llama_kwargs: dict[str, Any] | None = None  # further llama_cpp.Llama arguments the plan sets
+    layouts: dict[str, str] | None = None  # host weight -> CPU layout (place.HOST_LAYOUT_NAMES)
+    dual_max_batch: int | None = None  # CPU_REPACK_DUAL: below this batch, the repacked copy
 
 
 Reader = Callable[[dict[str, Any], Path, "GGUFInfo | None"], "LoadRequest"]
@@ -108,11 +110,14 @@ def operator_plan_request(doc: dict[str, Any]) -> LoadRequest:
     """An ``oallama.plan/1`` document (also a plan made in this process) as a load request."""
     mode = doc.get("load", "overrides")
     policy = {w: (NEVER if b is None else int(b)) for w, b in (doc.get("offload_min_batch") or {}).items()}
+    layouts = {str(w): str(b) for w, b in (doc.get("layouts") or {}).items()} or None
+    dual = int(doc["dual_max_batch"]) if doc.get("dual_max_batch") else None
     if mode == "fit":
         raw = [(str(a), str(b)) for a, b in doc.get("overrides") or []]
-        return LoadRequest(None, doc.get("devices"), doc.get("n_gpu_layers"), policy or None, doc, raw)
+        return LoadRequest(None, doc.get("devices"), doc.get("n_gpu_layers"), policy or None, doc, raw,
+                           layouts=layouts, dual_max_batch=dual)
     return LoadRequest(None if mode == "n_gpu_layers" else dict(doc["placement"]), doc.get("devices"),
-                       doc.get("n_gpu_layers"), policy or None, doc)
+                       doc.get("n_gpu_layers"), policy or None, doc, layouts=layouts, dual_max_batch=dual)
 
 
 def _read_placement(doc: dict[str, Any], path: Path, model: GGUFInfo | None) -> LoadRequest:
@@ -141,9 +146,9 @@ class Planner(Protocol):
     @property
     def strategies(self) -> Sequence[str]: ...
 
-    def __call__(self, model_path: Path, strategy: str, budget: str | int, *, device: str,
+    def __call__(self, model_path: Path, strategy: str, budget: str | int | None, *, device: str | None,
                  workload: Any, profile: Any, threads: int | None, op_offload: bool, n_ubatch: int,
-                 progress: bool) -> dict[str, Any]: ...
+                 progress: bool, host_budget: str | int | None = None) -> dict[str, Any]: ...
 
 
 _planner: Callable[[], Planner] | None = None

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Benchmark: host weight layouts chosen per weight (CPU-only plans) against llama.cpp's default
+(every weight it can repacked) and against --no-repack (every weight plain), on one model and
+several workloads, measured end to end through llama.cpp with the predicted TTFT/TPOT beside.
+
+    python scripts/bench_layouts.py MODEL [--workloads 512:32,64:128] [--threads 2] [--reps 3]
+        [--host-budget 200%] [-o bench/results/<date>-<machine>-layouts]
+
+Per workload it plans (CPU only: `oallama plan` without a GPU budget) `optimal` without and with
+a host budget (the dual layout, patch 0006), then runs each distinct placement in a fresh process
+per repeat, the placements alternated within each round (the machine is shared: ratios of
+neighbouring runs are what to compare), one discarded warm-up generation per process. Records
+per run: TTFT, TPOT, e2e, greedy tokens' hash, peak host memory, the 1-minute load average.
+Writes layouts.json / layouts.csv / layouts.md, the plans (with their per-pass predictions) and
+the profile into the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+PROMPT_WARMUP = (32, 4)  # tokens: the discarded warm-up generation (touches every weight once)
+
+
+def _worker(spec_path: str) -> int:
+    """One run in this fresh process: load with the plan, warm up, generate, write the result."""
+    from oallama import Llama
+    from oallama.runtime.generate import prompt_tokens, timed_generate
+
+    spec = json.loads(Path(spec_path).read_text())
+    t0 = time.perf_counter()
+    kw: dict[str, Any] = {"placement": spec["plan"]} if spec.get("plan") else {}
+    llm = Llama(spec["model"], n_ctx=spec["n_ctx"], n_threads=spec["threads"], n_threads_batch=spec["threads"],
+                verbose=False, **kw)
+    load_s = time.perf_counter() - t0
+    kinds: dict[str, int] = {}
+    for t in llm.tensor_placements():
+        bt = "CPU" if t.buffer_type == "CPU_Mapped" else t.buffer_type
+        kinds[bt] = kinds.get(bt, 0) + 1
+    timed_generate(llm, prompt_tokens(llm, PROMPT_WARMUP[0]), PROMPT_WARMUP[1])
+    load_before = os.getloadavg()[0]
+    g = timed_generate(llm, prompt_tokens(llm, spec["prompt"]), spec["gen"])
+    out = {"ttft_ms": g.ttft_s * 1e3, "tpot_ms": g.tpot_s * 1e3, "e2e_ms": g.e2e_s * 1e3, "load_s": load_s,
+           "buffer_types": kinds, "tokens_sha": hashlib.sha256(json.dumps(g.tokens).encode()).hexdigest()[:16],
+           "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "load_avg_before": load_before, "load_avg_after": os.getloadavg()[0]}
+    llm.close()
+    Path(spec["result"]).write_text(json.dumps(out))
+    return 0
+
+
+def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, out: Path) -> dict[str, Path | None]:
+    """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure."""
+    from oallama.planner.plan import Workload, build_context, make_plan
+    from oallama.planner.profile import PLAIN
+
+    ctx = build_context(model, None, Workload(prompt=prompt, gen=gen), threads=threads, progress=True)
+    default = make_plan(ctx, "layers", None)
+    opt = make_plan(ctx, "optimal", None)
+    dual = make_plan(ctx, "optimal", None, host_budget=host_budget)
+    plain = make_plan(ctx, "optimal", None)
+    plain.placement = opt.placement.with_layouts({w: PLAIN for w in opt.placement.layouts})
+    plain.strategy, plain.predicted = "all-plain", ctx.predict(plain.placement)
+    files: dict[str, Path | None] = {}
+    seen: dict[str, str] = {}
+    for name, p in (("default", default), ("all-plain", plain), ("optimal", opt), ("optimal-dual", dual)):
+        key = json.dumps([sorted(p.placement.layouts.items()), p.placement.dual_max_batch])
+        if key in seen:  # the same placement as another row: measured once, under the first name
+            print(f"bench_layouts: {name} is the same placement as {seen[key]}", file=sys.stderr)
+            continue
+        seen[key] = name
+        path = out / "plans" / f"p{prompt}-g{gen}-{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        p.save(path)
+        files[name] = None if name == "default" else path
+    ctx.profile.save(out / "profiles" / f"{ctx.profile.key[:16]}.json")
+    return files
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen pairs")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
+    ap.add_argument("--host-budget", default="200%", help="host memory for weights of the dual-layout plan")
+    ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-layouts"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return _worker(args.worker)
+
+    from oallama.planner.profile import build_info
+
+    out: Path = args.out
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for wl in args.workloads.split(","):
+        prompt, gen = (int(x) for x in wl.split(":"))
+        plans = _plans(args.model, prompt, gen, args.threads, args.host_budget, out)
+        n_ctx = max(256, -(-(prompt + gen) // 256) * 256)
+        names = list(plans)
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no placement always first
+            for name in order:
+                res = out / "raw" / f"p{prompt}-g{gen}-{name}-r{rep}.json"
+                spec = {"model": str(args.model), "plan": str(plans[name]) if plans[name] else None, "prompt": prompt,
+                        "gen": gen, "threads": args.threads, "n_ctx": n_ctx, "result": str(res)}
+                spec_path = res.with_suffix(".spec.json")
+                spec_path.write_text(json.dumps(spec))
+                print(f"bench_layouts: prompt {prompt} gen {gen} {name} round {rep + 1}/{args.reps} "
+                      f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+                subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], check=True)
+                r = json.loads(res.read_text())
+                rows.append({"prompt": prompt, "gen": gen, "placement": name, "round": rep, **r})
+    _write(out, rows, args, build_info())
+    return 0
+
+
+def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, build: dict[str, Any]) -> None:
+    from oallama.planner.profile import _cpu_name
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    summary: list[dict[str, Any]] = []
+    for (prompt, gen, name) in dict.fromkeys((r["prompt"], r["gen"], r["placement"]) for r in rows):
+        rs = [r for r in rows if (r["prompt"], r["gen"], r["placement"]) == (prompt, gen, name)]
+        plan_path = out / "plans" / f"p{prompt}-g{gen}-{name}.json"
+        pred = json.loads(plan_path.read_text())["predicted"] if plan_path.exists() else {}
+        s: dict[str, Any] = {"prompt": prompt, "gen": gen, "placement": name, "n": len(rs),
+                             "buffer_types": rs[0]["buffer_types"], "tokens_sha": sorted({r["tokens_sha"] for r in rs}),
+                             "host_peak_mib": max(r["host_peak_bytes"] for r in rs) / 2**20,
+                             "load_avg_max": max(r["load_avg_after"] for r in rs)}
+        for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            v = [r[k] for r in rs]
+            s[k] = statistics.median(v)
+            s[k.replace("_ms", "_stdev_ms")] = statistics.stdev(v) if len(v) > 1 else 0.0
+            s["predicted_" + k] = pred.get(k)
+        summary.append(s)
+    doc = {"benchmark": "host_layouts", "model": str(args.model), "cpu": _cpu_name(), "machine": platform.node(),
+           "threads": args.threads, "reps": args.reps, "host_budget": args.host_budget, "commit": commit,
+           "build": build, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "summary": summary, "runs": rows}
+    (out / "layouts.json").write_text(json.dumps(doc, indent=1))
+    with (out / "layouts.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in summary[0] if k not in ("buffer_types", "tokens_sha")])
+        w.writeheader()
+        for s in summary:
+            w.writerow({k: v for k, v in s.items() if k in w.fieldnames})
+    md = [f"# Host weight layouts: {Path(args.model).name}, CPU only ({_cpu_name()}, {args.threads} threads)", "",
+          f"Commit {commit}, llama.cpp {build['llama_cpp_commit'][:9]}; median of {args.reps} fresh processes per "
+          "placement, alternated, one discarded warm-up each; predicted = the plan's prediction "
+          "(`plans/`, per-pass breakdown inside). Ratios are against llama.cpp's default in the same workload.", "",
+          "| prompt:gen | placement | layouts (weights) | TTFT ms (pred) | TPOT ms (pred) | e2e ms (pred) | "
+          "TTFT x | TPOT x | e2e x | host peak MiB | load max |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        base = next(b for b in summary if (b["prompt"], b["gen"], b["placement"]) == (s["prompt"], s["gen"], "default"))
+        lay = ", ".join(f"{n} {k}" for k, n in sorted(s["buffer_types"].items()))
+
+        def cell(k: str, s: dict[str, Any] = s) -> str:
+            p = s["predicted_" + k]
+            return f"{s[k]:.0f} ± {s[k.replace('_ms', '_stdev_ms')]:.0f} ({p:.0f})" if p else f"{s[k]:.0f}"
+
+        md.append(f"| {s['prompt']}:{s['gen']} | {s['placement']} | {lay} | {cell('ttft_ms')} | {cell('tpot_ms')} | "
+                  f"{cell('e2e_ms')} | {base['ttft_ms'] / s['ttft_ms']:.2f} | {base['tpot_ms'] / s['tpot_ms']:.2f} | "
+                  f"{base['e2e_ms'] / s['e2e_ms']:.2f} | {s['host_peak_mib']:.0f} | {s['load_avg_max']:.2f} |")
+    md += ["", "x: llama.cpp's default time / this placement's (above 1: faster). Greedy tokens per placement "
+           "(hash): " + "; ".join(f"{s['prompt']}:{s['gen']} {s['placement']} {','.join(s['tokens_sha'])}"
+                                  for s in summary)]
+    (out / "layouts.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

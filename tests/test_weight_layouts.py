@@ -1,0 +1,174 @@
+"""Host weight layouts as placements: plain, repacked and dual (patch 0006) weights compute the
+same model, read back where they were put, and the planner chooses them per weight."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import raises_cleanly
+from oallama import Llama, _core
+from oallama.errors import PlacementError, PlanError
+from oallama.planner import layouts as layoutmod
+from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget
+from oallama.planner.profile import DUAL, PLAIN, REPACK
+
+PROMPT = b"The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."
+pytestmark = pytest.mark.skipif("CPU_REPACK_DUAL" not in _core.cpu_layouts(), reason="no repacked CPU layouts")
+
+
+def _layout(buffer_type: str) -> str:
+    """The layout a buffer type holds: mmap'd file data ("CPU_Mapped") is plain memory."""
+    return PLAIN if buffer_type == "CPU_Mapped" else buffer_type
+
+
+def _repacked(path: Path) -> list[str]:
+    """Weights llama.cpp's default load repacks (the ones that have a repacked layout)."""
+    llm = Llama(str(path), n_ctx=128, verbose=False)
+    try:
+        return sorted(t.name for t in llm.tensor_placements() if t.buffer_type == "CPU_REPACK")
+    finally:
+        llm.close()
+
+
+def _run(path: Path, **kw: object) -> tuple[dict[str, str], np.ndarray, list[int]]:
+    """(weight -> buffer type read back, last prompt logits, 6 greedy tokens)."""
+    llm = Llama(str(path), n_ctx=128, n_threads=2, logits_all=True, verbose=False, **kw)
+    try:
+        where = {t.name: _layout(t.buffer_type) for t in llm.tensor_placements()}
+        toks = llm.tokenize(PROMPT)
+        llm.eval(toks)
+        logits = np.array(llm.scores[len(toks) - 1], dtype=np.float64)
+        out = []
+        for _ in range(6):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(tok)
+            llm.eval([tok])
+        return where, logits, out
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def q4_0_model(synth_model) -> Path:
+    return synth_model("tiny", "q4_0")
+
+
+@pytest.fixture(scope="module")
+def reference(q4_0_model: Path) -> tuple[dict[str, str], np.ndarray, list[int]]:
+    return _run(q4_0_model)  # llama.cpp's default layouts
+
+
+# the dual layout at a threshold above every batch runs only its repacked copy, at 1 only its
+# plain copy, at 8 both (the 20-token prompt plain, decode repacked)
+@pytest.mark.parametrize("layout,dual_max_batch", [(PLAIN, 0), (REPACK, 0), (DUAL, 1), (DUAL, 8), (DUAL, 10**6)],
+                         ids=["plain", "repacked", "dual-plain-path", "dual-split-at-8", "dual-repacked-path"])
+def test_layouts_compute_the_same_model(q4_0_model: Path, reference, layout: str, dual_max_batch: int) -> None:
+    weights = _repacked(q4_0_model)
+    assert weights, "the q4_0 tiny model has weights llama.cpp repacks"
+    where, logits, tokens = _run(q4_0_model, layouts={w: layout for w in weights}, dual_max_batch=dual_max_batch)
+    assert {where[w] for w in weights} == {layout}
+    # with layouts named, llama.cpp's own repacking is off: nothing else is repacked
+    assert Counter(where.values())[REPACK] == (len(weights) if layout == REPACK else 0)
+    _, ref_logits, ref_tokens = reference
+    nmse = float(np.sum((logits - ref_logits) ** 2) / np.sum(ref_logits**2))
+    assert nmse < 1e-4, f"logits differ from llama.cpp's default layout: NMSE {nmse:.2e}"
+    assert tokens == ref_tokens
+
+
+def test_mixed_layouts_per_weight(q4_0_model: Path) -> None:
+    weights = _repacked(q4_0_model)
+    want = {w: (PLAIN, REPACK, DUAL)[i % 3] for i, w in enumerate(weights)}
+    where, _, _ = _run(q4_0_model, layouts=want, dual_max_batch=4)
+    assert {w: where[w] for w in weights} == want
+
+
+def test_bad_layouts_are_refused(q4_0_model: Path) -> None:
+    w = _repacked(q4_0_model)[0]
+    raises_cleanly(PlacementError, "layout of .* is 'CPU_FAST'",
+                   lambda: Llama(str(q4_0_model), layouts={w: "CPU_FAST"}, verbose=False))
+    raises_cleanly(PlacementError, "does not have",
+                   lambda: Llama(str(q4_0_model), layouts={"blk.99.ffn_up.weight": REPACK}, verbose=False))
+    raises_cleanly(PlacementError, "need use_mmap=True",
+                   lambda: Llama(str(q4_0_model), layouts={w: DUAL}, dual_max_batch=8, use_mmap=False, verbose=False))
+    raises_cleanly(PlacementError, "dual_max_batch",
+                   lambda: Llama(str(q4_0_model), layouts={w: DUAL}, verbose=False))
+
+
+def test_host_budget_parsing() -> None:
+    assert parse_host_budget("150%", 1000) == 1500
+    assert parse_host_budget("2KiB", 1000) == 2048
+    for bad in ("250%", "0%", "-1", "12 GB", ""):
+        with pytest.raises(Exception, match="budget"):
+            parse_host_budget(bad, 1000)
+
+
+@pytest.fixture(scope="module")
+def cpu_context(q4_0_model: Path):
+    return build_context(q4_0_model, None, Workload(prompt=64, gen=16, n_ubatch=64), threads=2, progress=False)
+
+
+def test_profile_times_both_layouts(cpu_context) -> None:
+    prof = cpu_context.profile
+    assert set(prof.layouts) == {PLAIN, REPACK}
+    assert {v["buffer_type"] for v in prof.layouts[REPACK].values()} == {REPACK}
+    assert {v["buffer_type"] for v in prof.layouts[PLAIN].values()} == {PLAIN}
+    assert prof.layouts[PLAIN].keys() == prof.layouts[REPACK].keys()
+
+
+def _skewed(ctx, plain_faster_from: int) -> None:
+    """Make the pass models' layout times what a CPU like the EPYC's looks like: repacked twice
+    as fast below `plain_faster_from` columns, plain twice as fast from there (deterministic)."""
+    for pm in ctx.passes.values():
+        for i, lays in pm.t_layout.items():
+            b = pm.graph.nodes[i].ne[1]  # columns: time grows with them
+            lays[PLAIN], lays[REPACK] = (2.0 * b, 1.0 * b) if b < plain_faster_from else (1.0 * b, 2.0 * b)
+
+
+def test_cpu_only_plan_chooses_layouts_per_workload(cpu_context) -> None:
+    _skewed(cpu_context, 8)
+    plan = make_plan(cpu_context, "optimal", None)
+    lays = plan.placement.layouts
+    costs = layoutmod.weight_costs(cpu_context, plan.placement)
+    assert lays and set(lays) == set(costs)
+    for w, c in costs.items():
+        assert lays[w] == c.single()
+    # prompt 64 in one pass, 15 decode passes: the logits matmul (1 column in every pass) repacked,
+    # the matmuls that also run at 64 columns plain (64 + 15 * 2 < 128 + 15 * 1)
+    assert lays.get("output.weight", REPACK) == REPACK
+    assert PLAIN in lays.values()
+    doc = plan.to_json()
+    assert doc["devices"] == ["CPU"] and doc["layouts"] == lays and doc["dual_max_batch"] == 0
+    # with room for both layouts every weight that runs both ways keeps both, split between the batches
+    dual = make_plan(cpu_context, "optimal", None, host_budget="200%")
+    assert DUAL in dual.placement.layouts.values()
+    assert 1 < dual.placement.dual_max_batch <= 64
+    assert dual.predicted["e2e_ms"] < plan.predicted["e2e_ms"]
+    assert dual.extra["layout_choice"]["dual_extra_bytes"] <= dual.host_budget - sum(cpu_context.weight_bytes.values())
+    with pytest.raises(PlanError, match="host-budget"):
+        make_plan(cpu_context, "optimal", None, host_budget="1KiB")
+    with pytest.raises(PlanError, match="needs an accelerator"):
+        make_plan(cpu_context, "flexgen", None)
+
+
+def test_cpu_only_plan_cli_loads_as_planned(q4_0_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "oallama", "plan", str(q4_0_model), "--prompt", "64", "--gen", "8",
+                        "--ubatch", "64", "--threads", "2", "--host-budget", "200%", "--emit-ot", "-o", str(out),
+                        "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "CPU only" in r.stdout and "all plain" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["devices"] == ["CPU"] and doc["layouts"]
+    llm = Llama(str(q4_0_model), placement=str(out), n_ctx=128, verbose=False)
+    try:
+        where = {t.name: _layout(t.buffer_type) for t in llm.tensor_placements()}
+    finally:
+        llm.close()
+    assert {w: where[w] for w in doc["layouts"]} == doc["layouts"]
