@@ -92,7 +92,7 @@ def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, o
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", type=Path)
+    ap.add_argument("model", type=Path, nargs="?")
     ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen pairs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
@@ -102,11 +102,13 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         return _worker(args.worker)
+    if args.model is None:
+        ap.error("the model is required")
 
     from oallama.planner.profile import build_info
 
     out: Path = args.out
-    (out / "raw").mkdir(parents=True, exist_ok=True)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for wl in args.workloads.split(","):
         prompt, gen = (int(x) for x in wl.split(":"))
@@ -116,7 +118,7 @@ def main() -> int:
         for rep in range(args.reps):
             order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no placement always first
             for name in order:
-                res = out / "raw" / f"p{prompt}-g{gen}-{name}-r{rep}.json"
+                res = out / "runs" / f"p{prompt}-g{gen}-{name}-r{rep}.json"
                 spec = {"model": str(args.model), "plan": str(plans[name]) if plans[name] else None, "prompt": prompt,
                         "gen": gen, "threads": args.threads, "n_ctx": n_ctx, "result": str(res)}
                 spec_path = res.with_suffix(".spec.json")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: set up, synthesise a small model, place it across
 # two devices (this CPU and a loopback rpc-server, or a GPU when there is one), generate text,
-# and show where every weight went and TTFT/TPOT.
+# and show where every weight went and TTFT/TPOT; then a CPU-only plan of host weight layouts
+# on a llama3-8b-shaped model cut to DEMO_LAYOUT_LAYERS layers (q4_k_m), beside llama.cpp's default.
 #   DEMO_PRESET=llama3-8b DEMO_LAYERS=4 DEMO_TYPE=q4_k_m scripts/demo.sh
+#   DEMO_LAYOUT_LAYERS=0 scripts/demo.sh   # skip the layout part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -26,3 +28,21 @@ python -m oallama run "$model" --rpc-local --gpu-budget 50% --strategy optimal -
 echo
 echo "(here the second device is another CPU process, so the planner may rightly keep work on this CPU;"
 echo " with a GPU, 'oallama plan' and 'oallama bench' show what per-tensor placement buys)"
+
+layout_layers=${DEMO_LAYOUT_LAYERS:-2}
+if [ "$layout_layers" != 0 ]; then
+    lmodel="build/demo/llama3-8b-q4_k_m-L${layout_layers}.gguf"
+    echo; echo "==> host weight layouts: $lmodel, this CPU alone (no accelerator)"
+    if [ ! -f "$lmodel" ]; then
+        python -m oallama synth --preset llama3-8b --type q4_k_m --layers "$layout_layers" -o "$lmodel"
+    fi
+    threads=$(nproc)
+    echo; echo "==> the CPU-only plan for a prompt-heavy workload: each host weight plain, repacked or both"
+    python -m oallama plan "$lmodel" --prompt 256 --gen 16 --threads "$threads" --host-budget 200% --emit-ot
+    echo; echo "==> llama.cpp's default layouts (every weight it can repacked)"
+    python -m oallama run "$lmodel" --plan-prompt 256 -n 16 --threads "$threads" \
+        -p "$(printf 'The history of the city is long. %.0s' $(seq 40))"
+    echo; echo "==> the plan's layouts"
+    python -m oallama run "$lmodel" --cpu-plan --host-budget 200% --plan-prompt 256 -n 16 --threads "$threads" \
+        -p "$(printf 'The history of the city is long. %.0s' $(seq 40))"
+fi

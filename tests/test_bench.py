@@ -161,7 +161,7 @@ def test_grids_and_variants(tmp_path: Path) -> None:
     assert o.workloads()[0] == (64, 32) and len(o.workloads()) == 6
     o.anchor = (128, 64)
     assert o.workloads()[0] == (128, 64)
-    assert [s for s, _ in o.variants()] == ["layers", "fit", "flexgen", "affinity", "optimal"]
+    assert [s for s, _ in o.variants()] == ["layers", "fit", "flexgen", "n-cpu-moe", "affinity", "optimal"]
     o.op_offload = "both"
     assert [(s, oo) for s, oo in o.variants() if not oo] == [("layers", False), ("fit", False)]
     o.op_offload = "off"

@@ -113,3 +113,69 @@ def test_mul_mat_id_time_grows_with_active_experts() -> None:
     assert statistics.median(every.samples_us) > statistics.median(one.samples_us) > 0
     with pytest.raises(RuntimeError, match="active experts"):
         _core.profile_mul_mat_id("CPU", "f32", 64, 64, 4, 2, [1], [3], n_threads=1)
+
+
+# --- planning: expert tensors are placement units; llama.cpp's --n-cpu-moe is a baseline ---------
+
+
+@pytest.fixture(scope="module")
+def moe_context(synth_model, rpc_server):
+    from oallama.planner.plan import Workload, build_context
+
+    path = synth_model("qwen3moe-small", "q4_k_m")
+    return build_context(path, rpc_server.device_name, Workload(prompt=32, gen=8, n_ubatch=32), threads=2,
+                         progress=False)
+
+
+def test_n_cpu_moe_is_the_smallest_n_that_fits(moe_context) -> None:
+    from oallama.planner.plan import make_plan
+    from oallama.planner.strategies import expert_layers, place_n_cpu_moe
+    from oallama.planner.verify import measure_memory
+
+    ctx = moe_context
+    exps = expert_layers(ctx.weight_bytes)
+    assert len(exps) == 3 * ctx.n_layer
+    full = measure_memory(ctx, place_n_cpu_moe(ctx, 0))["total"]
+    plan = make_plan(ctx, "n-cpu-moe", full)  # room for everything: no expert on the CPU
+    assert plan.extra["n_cpu_moe"] == 0 and plan.placement.on_acc >= set(exps)
+    assert plan.emit_args() == ["-ngl", str(ctx.n_layer + 1), "--n-cpu-moe", "0"]
+    # one byte less than every expert on the accelerator needs: the first layer's experts go to the CPU
+    plan = make_plan(ctx, "n-cpu-moe", full - 1)
+    n = plan.extra["n_cpu_moe"]
+    assert n >= 1 and plan.memory["total"] <= full - 1
+    assert {w for w in exps if w not in plan.placement.on_acc} == {w for w, layer in exps.items() if layer < n}
+    if n > 1:  # the search's answer is the smallest: one layer fewer does not fit
+        assert measure_memory(ctx, place_n_cpu_moe(ctx, n - 1))["total"] > full - 1
+
+
+def test_moe_plans_load_as_planned(moe_context, tmp_path: Path) -> None:
+    from oallama.planner.plan import make_plan
+
+    ctx = moe_context
+    full = sum(ctx.weight_bytes.values())
+    ref = oallama.Llama(str(ctx.model.path), n_ctx=128, n_threads=2, verbose=False)
+    try:
+        want_text = ref("The quick brown fox", max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    finally:
+        ref.close()
+    for strategy in ("n-cpu-moe", "optimal"):
+        plan = make_plan(ctx, strategy, int(full * 0.9))
+        path = plan.save(tmp_path / f"{strategy}.json")
+        llm = oallama.Llama(str(ctx.model.path), placement=str(path), n_ctx=128, n_threads=2, verbose=False)
+        try:
+            got = llm.tensor_devices()
+            assert {w: got[w] for w in plan.assignment()} == plan.assignment(), strategy
+            text = llm("The quick brown fox", max_tokens=6, temperature=0.0)["choices"][0]["text"]
+        finally:
+            llm.close()
+        assert text == want_text, strategy
+
+
+def test_n_cpu_moe_refuses_a_dense_model(synth_model, rpc_server) -> None:
+    from oallama.errors import PlanError
+    from oallama.planner.plan import Workload, build_context, make_plan
+
+    ctx = build_context(synth_model("tiny", "q8_0"), rpc_server.device_name, Workload(prompt=32, gen=8, n_ubatch=32),
+                        threads=1, progress=False)
+    with pytest.raises(PlanError, match="no expert tensors"):
+        make_plan(ctx, "n-cpu-moe", "50%")

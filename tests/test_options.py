@@ -21,7 +21,7 @@ from oallama import cli, options
 
 # command -> (module, its options dataclass, the arguments the command requires)
 COMMANDS: dict[str, tuple[str, str, list[str]]] = {
-    "plan": ("oallama.planner.plan", "PlanOptions", ["m.gguf", "--gpu-budget", "50%"]),
+    "plan": ("oallama.planner.plan", "PlanOptions", ["m.gguf"]),
     "bench": ("oallama.bench.harness", "BenchOptions", ["m.gguf"]),
     "distribute": ("oallama.cluster.distribute", "DistributeOptions", ["m.gguf", "--devices", "d.json"]),
     "profile": ("oallama.planner.profile", "ProfileOptions", ["m.gguf"]),
@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, list[str]]] = {
 
 # flags that scripts/, the README and users' command lines pass today: they must keep parsing
 KNOWN_FLAGS: dict[str, list[str]] = {
-    "plan": ["--device", "RPC[127.0.0.1:1]", "--rpc-local", "--rpc-threads", "2", "--strategy", "affinity",
+    "plan": ["--gpu-budget", "50%", "--host-budget", "150%", "--device", "RPC[127.0.0.1:1]", "--rpc-local", "--rpc-threads", "2", "--strategy", "affinity",
              "--prompt", "64", "--gen", "8", "--objective", "ttft", "--ubatch", "64", "--threads", "1", "--profile",
              "p.json", "--time-limit", "2", "--emit-ot", "-o", "plan.json", "--quiet"],
     "bench": ["--gpu-budget", "25%,50%", "--strategies", "layers,optimal", "--prompt", "32,64", "--gen", "4",

@@ -73,3 +73,20 @@ def test_ot_arguments_use_buffer_type_names() -> None:
                     compile_patterns({"output.weight": "RPC[127.0.0.1:5]"}),
                     {"RPC[127.0.0.1:5]": "RPC0[127.0.0.1:5]"})
     assert spec.ot_arguments() == ["-ot", r"^output\.weight$=RPC0[127.0.0.1:5]"]
+
+
+@pytest.mark.parametrize("n_layer", [48, 64, 130])
+def test_layer_sets_compile_to_digit_ranges(n_layer: int) -> None:
+    """A 48-layer MoE plan's per-layer expert sets compile to short patterns that still match
+    exactly their layers (digit ranges, not one alternative per layer)."""
+    rng = random.Random(n_layer)
+    for _ in range(200):
+        layers = set(rng.sample(range(n_layer), rng.randint(1, n_layer)))
+        assign = {f"blk.{i}.ffn_up_exps.weight": ("CPU" if i in layers else "CPU_X") for i in range(n_layer)}
+        pats = compile_patterns(assign)
+        for i in range(n_layer + 12):
+            name = f"blk.{i}.ffn_up_exps.weight"
+            hits = [dev for pat, dev in pats if re.search(pat, name)]
+            assert hits == ([assign[name]] if name in assign else []), (name, pats)
+    first_half = compile_patterns({f"blk.{i}.ffn_up_exps.weight": "CPU" for i in range(n_layer // 2)})
+    assert len(first_half) == 1 and len(first_half[0][0]) < 60

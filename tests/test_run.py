@@ -82,7 +82,7 @@ def test_run_command_with_a_local_rpc_server(tiny_q8: Path) -> None:
     for tag, device in (("A", "CPU"), ("B", dev)):
         mine = [t for t in tensors if side(t.name) == tag]
         mib = sum(int(t.n_bytes) for t in mine) / 2**20
-        assert re.search(rf"^\s+\[{tag}\] {re.escape(device)}\s+{len(mine)} tensors\s+{mib:.1f} MiB$", out, re.M), out
+        assert re.search(rf"^\s+\[{tag}\] {re.escape(device)}\s+{len(mine)} tensors\s+{mib:.1f} MiB\s+\(.*\)$", out, re.M), out
     # one line per layer: each of the layer's weights with its side
     layers = sorted({int(t.name.split(".")[1]) for t in tensors if t.name.startswith("blk.")})
     assert len(layers) == int(gguf.GGUFReader(tiny_q8).fields["llama.block_count"].contents())

@@ -61,7 +61,7 @@ SCHEMA = "oallama.bench/1"
 RAW_SCHEMA = "oallama.bench.raw/1"
 # run order within a budget (the paper's baselines first); optimal last: it takes the other
 # plans as candidates
-_ORDER = ("layers", "fit", "flexgen", "affinity")
+_ORDER = ("layers", "fit", "flexgen", "n-cpu-moe", "affinity")
 ALL_STRATEGIES = tuple([s for s in _ORDER if s in STRATEGIES + BASELINES]
                        + [s for s in STRATEGIES + BASELINES if s not in (*_ORDER, "optimal")] + ["optimal"])
 # strategies whose weights llama.cpp itself places: its default op offload applies to them
@@ -319,8 +319,11 @@ def build_configs(opts: BenchOptions, dev_identity: str, dev_name: str, settings
         n_ctx = Workload(prompt, gen, "e2e", settings.n_ubatch).n_ctx
         for path, info in infos:
             ident = f"{info.identity()}:{path.stat().st_size}"
+            moe = any("_exps." in t.name for t in info.tensors)
             for budget in opts.budgets:
                 for strategy, oo in opts.variants():
+                    if strategy == "n-cpu-moe" and not moe:  # a mixture-of-experts baseline only
+                        continue
                     out.append(Config(str(path.resolve()), path.stem, ident, dev_name, dev_identity, strategy,
                                       budget.strip(), prompt, gen, oo, n_ctx, settings, build))
     return out

@@ -125,6 +125,8 @@ class Plan:
 
     def emit_args(self) -> list[str]:
         """Arguments reproducing the weight placement in stock llama-server / llama-cli."""
+        if self.strategy == "n-cpu-moe" and self.extra.get("n_cpu_moe") is not None:
+            return ["-ngl", str(self.n_gpu_layers), "--n-cpu-moe", str(self.extra["n_cpu_moe"])]
         args = ["-ngl", str(self.n_gpu_layers)]
         if not self.stock_layers and self.accelerator:
             spec = self.load_spec()

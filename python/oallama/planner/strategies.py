@@ -11,10 +11,14 @@ llama.cpp's own memory accounting (`verify`). `plan.make_plan` builds every plan
             a host weight also gets the batch from which its op is streamed to the accelerator.
   fit       (benchmark baseline) llama.cpp's own --fit aimed at the budget.
   flexgen   (benchmark baseline) every weight in host memory, every op streamed.
+  n-cpu-moe (benchmark baseline, mixtures of experts) llama.cpp's `-ngl 99 --n-cpu-moe N` with the
+            smallest N that fits the budget, searched as a user would (every layer on the
+            accelerator, the expert tensors of the first N layers in host memory).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -325,9 +329,54 @@ class FlexGen:
         return Placed(p, measure_memory(ctx, p))
 
 
+_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate)_(?:ch|)exps\.")  # llama.cpp's --n-cpu-moe pattern
+
+
+def expert_layers(names: Sequence[str] | Mapping[str, Any]) -> dict[str, int]:
+    """Expert tensors (what --cpu-moe / --n-cpu-moe keep on the CPU) -> their layer."""
+    return {w: int(m[1]) for w in names if (m := _EXPERTS.match(w))}
+
+
+def place_n_cpu_moe(ctx: PlanContext, n_cpu_moe: int) -> Placement:
+    """`-ngl <all> --n-cpu-moe N`: every layer on the accelerator but the first N layers' experts."""
+    host = {w for w, layer in expert_layers(ctx.weight_bytes).items() if layer < n_cpu_moe}
+    on = layer_weights(ctx.weight_bytes, ctx.n_layer + 1, ctx.n_layer)
+    return Placement(frozenset(w for w in on if w in ctx.weight_bytes and w not in host), ctx.n_layer)
+
+
+class NCpuMoe:
+    """The smallest --n-cpu-moe N whose load fits (memory falls as N grows: binary search); when
+    even every layer's experts on the CPU does not fit, what a user does next: fewer layers (`layers`)."""
+
+    name = "n-cpu-moe"
+    baseline = True
+
+    def place(self, ctx: PlanContext, budget: int, search: Search) -> Placed:
+        if not expert_layers(ctx.weight_bytes):
+            raise PlanError(f"strategy '{self.name}': {ctx.model.path.name} has no expert tensors (not a mixture of "
+                            "experts)")
+        lo, hi = 0, ctx.n_layer
+        mem_hi = measure_memory(ctx, place_n_cpu_moe(ctx, hi))
+        if mem_hi["total"] > budget:
+            placed = Layers().place(ctx, budget, search)
+            placed.details = {**placed.details, "n_cpu_moe": None,
+                              "note": "every layer's experts on the CPU does not fit: fewer layers instead"}
+            return placed
+        best = (hi, mem_hi)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            mem = measure_memory(ctx, place_n_cpu_moe(ctx, mid))
+            if mem["total"] <= budget:
+                hi, best = mid, (mid, mem)
+            else:
+                lo = mid + 1
+        n, mem = best
+        return Placed(place_n_cpu_moe(ctx, n), mem, {"n_cpu_moe": n, "n_gpu_layers": ctx.n_layer + 1})
+
+
 # --- the registry --------------------------------------------------------------------------------
 
-REGISTRY: dict[str, Strategy] = {s.name: s for s in (Layers(), Affinity(), Optimal(), Fit(), FlexGen())}
+REGISTRY: dict[str, Strategy] = {s.name: s for s in (Layers(), Affinity(), Optimal(), Fit(), FlexGen(), NCpuMoe())}
 STRATEGIES = tuple(n for n, s in REGISTRY.items() if not s.baseline)  # what `oallama plan` compares
 BASELINES = tuple(n for n, s in REGISTRY.items() if s.baseline)  # benchmark baselines
 

@@ -84,7 +84,9 @@ def placement_table(placements: Sequence[Any], devices_order: Sequence[str] | No
     """Human table of where every weight went: totals per device, then one line per layer."""
     per_dev: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     rows: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    bufts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # device -> buffer type -> tensors
     for t in placements:
+        bufts[t.device][t.buffer_type] += 1
         per_dev[t.device][0] += 1
         per_dev[t.device][1] += t.nbytes
         m = _LAYER.match(t.name)
@@ -96,7 +98,8 @@ def placement_table(placements: Sequence[Any], devices_order: Sequence[str] | No
     lines = ["weights by device (read back from the loaded model):"]
     for d in order:
         n, b = per_dev[d]
-        lines.append(f"  [{tag[d]}] {d:<28} {n:>5} tensors {b / 2**20:>10.1f} MiB")
+        kinds = ", ".join(f"{c} {k}" for k, c in sorted(bufts[d].items()))
+        lines.append(f"  [{tag[d]}] {d:<28} {n:>5} tensors {b / 2**20:>10.1f} MiB   ({kinds})")
     lines.append("every weight ([device] per tensor):")
     for key in sorted(rows, key=lambda k: (k != "-", int(k.split(".")[1]) if k != "-" else -1)):
         cells = "  ".join(f"{short}[{tag[d]}]" for short, d in rows[key])

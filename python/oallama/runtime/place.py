@@ -5,7 +5,7 @@ llama.cpp places weights through `llama_model_params.tensor_buft_overrides`: a l
 compiled per tensor per override while loading. So the map is compiled into few, exact
 patterns: per device, one anchored pattern per group of tensors that share a layer set, e.g.
 
-    ^blk\\.(?:0|1|7)\\.(?:ffn_down|ffn_up)\\.weight$   -> CUDA0
+    ^blk\\.(?:[0-1]|7)\\.(?:ffn_down|ffn_up)\\.weight$   -> CUDA0
     ^(?:output\\.weight|token_embd\\.weight)$          -> CUDA0
 
 Every pattern lists exact names, so no pattern can catch a tensor meant for another device
@@ -52,6 +52,50 @@ def _alternation(items: Iterable[str]) -> str:
     return items[0] if len(items) == 1 else "(?:" + "|".join(items) + ")"
 
 
+def _digit_range(a: int, b: int) -> str:
+    return str(a) if a == b else f"[{a}-{b}]"
+
+
+def _range_regex(lo: int, hi: int) -> list[str]:
+    """Alternatives matching exactly the decimal integers lo..hi (no leading zeros): 0..23 ->
+    [0-9], 1[0-9], 2[0-3]. Each is a prefix, one digit range, then free digits."""
+    out: list[str] = []
+    while lo <= hi:
+        s = str(lo)
+        k = 0  # free trailing digits: lo..lo + 10^k - 1 is one aligned block of numbers as long as s
+        while (lo != 0 and lo % 10 ** (k + 1) == 0 and lo + 10 ** (k + 1) - 1 <= hi
+               and len(str(lo + 10 ** (k + 1) - 1)) == len(s)):
+            k += 1
+        if k >= len(s):
+            out.append(s)
+            lo += 1
+            continue
+        step = 10**k
+        d = (lo // step) % 10  # the digit before the free ones may run on to `last`
+        last = min(9, d + (hi - lo + 1) // step - 1)
+        while last > d and len(str(lo + (last - d + 1) * step - 1)) != len(s):
+            last -= 1
+        out.append(s[: len(s) - k - 1] + _digit_range(d, last) + "[0-9]" * k)
+        lo += (last - d + 1) * step
+    return out
+
+
+def _layer_alternation(layers: Iterable[int]) -> str:
+    """An ECMAScript group matching exactly these layer numbers, runs as digit ranges (48 layers
+    in a few characters: (?:[0-9]|[1-3][0-9]|4[0-7]))."""
+    nums = sorted(set(layers))
+    parts: list[str] = []
+    start = prev = nums[0]
+    for n in [*nums[1:], None]:
+        if n is None or n != prev + 1:
+            parts += _range_regex(start, prev)
+            if n is not None:
+                start = n
+        if n is not None:
+            prev = n
+    return _alternation(parts)
+
+
 def compile_patterns(assignment: Mapping[str, str]) -> list[tuple[str, str]]:
     """weight name -> device  ==>  [(anchored ECMAScript regex, device)], compact and exact."""
     layered: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
@@ -68,7 +112,7 @@ def compile_patterns(assignment: Mapping[str, str]) -> list[tuple[str, str]]:
         for suffix, layers in layered[dev].items():
             groups[tuple(sorted(layers))].append(suffix)
         for layers, suffixes in sorted(groups.items()):
-            out.append((rf"^blk\.{_alternation(map(str, layers))}\.{_alternation(map(_escape, sorted(suffixes)))}$",
+            out.append((rf"^blk\.{_layer_alternation(layers)}\.{_alternation(map(_escape, sorted(suffixes)))}$",
                         dev))
         if plain[dev]:
             out.append((f"^{_alternation(_escape(n) for n in sorted(plain[dev]))}$", dev))
