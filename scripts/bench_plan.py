@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: how long planning takes for a full-size model (issue 3's targets: a 32B-shaped
-model planned in < 1 s with `affinity` and < 5 s with `optimal`).
+model planned in < 1 s with `affinity` and < 5 s with `optimal`; issue 15's: a 30B-A3B mixture of
+experts in < 2 s with `optimal`, with llama.cpp's --n-cpu-moe and --fit predicted beside it).
 
 The model is a shape-only synthetic GGUF (real shapes and quantization mix, zero data: planning
 never reads weights). The accelerator is the first GPU, else a loopback rpc-server. Timings
@@ -8,6 +9,8 @@ are split into the planning algorithm itself and the verification of the plan's 
 llama.cpp's own accounting (metadata-only loads). The profile is measured once (cached).
 
     python scripts/bench_plan.py --preset qwq-32b --budget 50% [--reps 3] [-o bench/results/...]
+    python scripts/bench_plan.py --preset qwen3-30b-a3b --strategies layers,fit,n-cpu-moe,affinity,optimal \
+        --no-calibrate   # a shape-only file has no weights to run the real graph with
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps:
         p = plan.make_plan(ctx, strategy, budget_text, candidates=cands)
         total.append(time.perf_counter() - t2)
         algo.append(float(p.extra.get("solve_seconds_total", 0.0)) if strategy == "optimal" else t2 - t1)
-    keep = ("vars", "rows", "solve_seconds_total", "rounds", "n_gpu_layers", "attempts", "winner", "solver_status",
+    keep = ("vars", "rows", "solve_seconds_total", "rounds", "n_gpu_layers", "n_cpu_moe", "attempts", "winner", "solver_status",
             "mip_gap")
     return {"budget": budget_text, "strategy": strategy, "algorithm_s_median": statistics.median(algo),
             "algorithm_s_stdev": statistics.stdev(algo) if len(algo) > 1 else 0.0,
@@ -65,6 +68,9 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--strategies", default=",".join(plan.STRATEGIES), help="comma-separated; baselines too")
+    ap.add_argument("--no-calibrate", action="store_true", help="plan with the one-op profile alone (a shape-only "
+                    "model's zero weights cannot be run for the calibration)")
     ap.add_argument("--model-dir", default="build/bench-models")
     ap.add_argument("-o", "--out", default=None, help="results directory (default bench/results/<date>-<machine>/plan)")
     args = ap.parse_args()
@@ -81,11 +87,17 @@ def main() -> int:
     try:
         wl = plan.Workload(args.prompt, args.gen, "e2e")
         t0 = time.perf_counter()
-        ctx = plan.build_context(model, acc.name, wl, threads=args.threads, progress=True)
+        prof = None
+        if args.no_calibrate:
+            from oallama.planner.profile import DEFAULT_TOKENS, profile_model
+
+            prof = profile_model(model, ["CPU", acc.name], threads=args.threads, n_tokens=DEFAULT_TOKENS,
+                                 n_ctx=wl.n_ctx, calibrated=False)
+        ctx = plan.build_context(model, acc.name, wl, profile=prof, threads=args.threads, progress=True)
         context_s = time.perf_counter() - t0
         rows = []
         for budget_text in args.budget.split(","):
-            for strategy in plan.STRATEGIES:
+            for strategy in args.strategies.split(","):
                 rows.append(_time_strategy(ctx, strategy, budget_text, args.reps))
                 print(f"{budget_text:>4} {strategy:9s} algorithm {rows[-1]['algorithm_s_median']:.3f} s, "
                       f"with memory checks {rows[-1]['with_memory_check_s_median']:.3f} s", file=sys.stderr)
@@ -97,6 +109,7 @@ def main() -> int:
                              "machine": platform.node()},
                   "settings": ctx.settings, "workload": {"prompt": wl.prompt, "gen": wl.gen, "objective": "e2e"},
                   "build": build_info(), "context_build_s": context_s, "profile_s": ctx.profile.elapsed_s,
+                  "calibrated": ctx.profile.calibration is not None,
                   "results": rows}
         out = Path(args.out or f"bench/results/{date.today()}-{platform.node()}/plan")
         out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +128,8 @@ def main() -> int:
               "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             ex = r["extra"]
-            solver = ("" if r["strategy"] != "optimal" else
+            solver = (f"--n-cpu-moe {ex.get('n_cpu_moe')}" if r["strategy"] == "n-cpu-moe" else
+                      "" if r["strategy"] != "optimal" else
                       f"from {ex['winner']}" if ex.get("winner", "solver") != "solver" else
                       "proven optimal" if float(ex.get("mip_gap") or 0) <= 1e-6 else f"gap {ex['mip_gap']:.1%}")
             md.append(f"| {r['budget']} | {r['strategy']} | {r['algorithm_s_median']:.3f} ± {r['algorithm_s_stdev']:.3f} | "

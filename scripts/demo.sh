@@ -31,6 +31,7 @@ echo " with a GPU, 'oallama plan' and 'oallama bench' show what per-tensor place
 
 layout_layers=${DEMO_LAYOUT_LAYERS:-2}
 if [ "$layout_layers" != 0 ]; then
+    mkdir -p build/demo
     lmodel="build/demo/llama3-8b-q4_k_m-L${layout_layers}.gguf"
     echo; echo "==> host weight layouts: $lmodel, this CPU alone (no accelerator)"
     if [ ! -f "$lmodel" ]; then
@@ -45,4 +46,7 @@ if [ "$layout_layers" != 0 ]; then
     echo; echo "==> the plan's layouts"
     python -m oallama run "$lmodel" --cpu-plan --host-budget 200% --plan-prompt 256 -n 16 --threads "$threads" \
         -p "$(printf 'The history of the city is long. %.0s' $(seq 40))"
+    echo
+    echo "(one cold run each: on a shared machine they differ by more than the layouts do; the alternated,"
+    echo " repeated comparison on a full-size model is scripts/bench_layouts.py, results in bench/results/)"
 fi
