@@ -16,7 +16,7 @@ import pytest
 
 from oallama import Llama, _core
 from oallama.errors import ClosedError
-from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, node_overhead_us, work
+from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, fit, node_overhead_us, work
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context
 from oallama.planner.profile import Profile, device_identity, profile_model
@@ -107,6 +107,34 @@ def test_node_overhead_from_splits() -> None:
     splits = [{"n_ops": 10, "split_us": 520.0, "ops_us": 800.0}, {"n_ops": 5, "split_us": 120.0, "ops_us": 250.0}]
     assert node_overhead_us(20.0, splits) == pytest.approx((300.0 + 150.0) / 15)
     assert node_overhead_us(20.0, []) == 20.0  # nothing to compare: the view's time
+
+
+def test_each_pass_size_is_anchored_to_its_own_splits() -> None:
+    """A device where a node timed alone is mostly its round trip (an rpc-server: 200 us, noisy)
+    and the real compute is 5 us per decode op, 100 us per prompt op: node times cannot tell the
+    two apart, the splits' totals can. Each pass size's fitted total must equal its measured one."""
+    import random
+
+    rng = random.Random(7)
+    points, splits = [], []
+    for n, per_op in ((1, 5.0), (32, 100.0)):
+        for _ in range(40):  # one split of 40 ops; timed alone each costs 200 us more, +- 60 us noise
+            points.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "op": "ADD",
+                           "device": "RPC", "weight_type": "", "work": 4096.0 * n,
+                           "us": per_op + 200.0 + rng.uniform(-60.0, 60.0)})
+        points.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "op": "VIEW",
+                       "device": "RPC", "weight_type": "", "work": 0.0, "us": 200.0})
+        splits.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "device": "RPC",
+                       "n_ops": 40, "n_views": 1, "split_us": 200.0 + 40 * per_op,
+                       "ops_us": sum(p["us"] for p in points if p["n_tokens"] == n and p["op"] == "ADD")})
+    dc = fit(points, [], None, splits).devices["RPC"]
+    for n, per_op in ((1, 5.0), (32, 100.0)):
+        modelled = sum(dc.node_time_us("ADD", p["work"], n) for p in points if p["n_tokens"] == n and p["op"] == "ADD")
+        assert modelled == pytest.approx(40 * per_op, rel=1e-6), n
+    # a pass of another size takes the nearest timed size's factor (log scale)
+    assert dc.factor(2) == dc.anchors[1] and dc.factor(512) == dc.anchors[32]
+    assert Calibration.from_json(json.loads(json.dumps(Calibration({"RPC": dc}, 0.0, 0.0).to_json()))
+                                 ).devices["RPC"].anchors == dc.anchors
 
 
 def test_work_of_an_activation_matmul_is_its_multiply_adds() -> None:

@@ -15,6 +15,10 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
   matmul_scale       real-graph / profile compute time of the weight matmuls (ratio of sums);
   anchor             both scaled so that the timed splits' nodes sum to the splits' measured
                      times (node-by-node times give the shares, whole splits the totals);
+  anchors            and then per pass size (tokens): where a node's time alone is mostly its
+                     synchronisation (an rpc-server's round trip), the fits cannot tell a decode
+                     op's few microseconds from a prompt op's hundreds; each pass size's splits
+                     fix its own total (a pass of another size takes the nearest size's factor);
 
 and `pass_us = a + b * n_tokens`: a pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
@@ -40,7 +44,7 @@ from typing import Any
 from .. import _core
 from ..errors import OallamaError, ProfileError
 
-VERSION = 6  # of the method: part of a calibrated profile's cache key
+VERSION = 7  # of the method: part of a calibrated profile's cache key (7: per-pass-size anchors)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
 
@@ -91,12 +95,24 @@ class DeviceCalibration:
     matmul_scale: float  # real-graph / profile time of weight matmuls (ratio of sums; 1.0 if none seen)
     n_matmuls: int = 0
     anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
+    anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
 
-    def node_time_us(self, op: str, w: float) -> float:
+    def factor(self, n_tokens: int | None) -> float:
+        """The pass-size factor for a pass of n_tokens: the nearest timed size's (log scale)."""
+        if n_tokens is None or not self.anchors:
+            return 1.0
+        near = min(self.anchors, key=lambda n: (abs(math.log(max(n, 1)) - math.log(max(n_tokens, 1))), n))
+        return self.anchors[near]
+
+    def scale_for(self, n_tokens: int | None) -> float:
+        """Real-graph / profile time of weight matmuls in a pass of n_tokens."""
+        return self.matmul_scale * self.factor(n_tokens)
+
+    def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
         f = self.ops.get(op) or self.ops.get("*")
-        return f.time_us(w) if f is not None else 0.0
+        return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
 
 
 @dataclass
@@ -117,7 +133,8 @@ class Calibration:
     @staticmethod
     def from_json(doc: dict[str, Any]) -> Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
-                                     v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0))
+                                     v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
+                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []))
@@ -410,7 +427,13 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         return dc
     r = total_m / total_f
     ops = {op: OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r)
+    # then per pass size: its splits' measured total over its (globally scaled) modelled total
+    by_n: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for k, v in modelled.items():
+        by_n[int(k[1])][0] += max(measured[k], 0.0)
+        by_n[int(k[1])][1] += v * r
+    anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
 
 
 def _line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:

@@ -493,7 +493,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                   f"+ {cal.pass_b_us:.2f} us per token")
             for dev, dc in cal.devices.items():
                 print(f"  {dev}: {len(dc.ops) - 1} op kinds fitted; weight matmuls {dc.matmul_scale:.2f} x their "
-                      f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone")
+                      f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone; per pass size x "
+                      f"{', '.join(f'{r:.2f} ({n} tok)' for n, r in sorted(dc.anchors.items())) or '1'}")
         if o.output:
             print(f"wrote {prof.save(o.output)}")
     return 0

@@ -17,9 +17,10 @@ scheduler's node -> device assignment (ggml-backend.cpp, ggml_backend_sched_spli
 and then costs the assignment (microseconds):
 
   compute  each weight matmul at its profiled time on its device, less the launch that time
-           includes (`Profile.compute_us`), times the device's real-graph scale; with a
-           calibration (calibrate.py), every other non-view op too, at its device's fitted cost
-           (attention grows with the KV length of the graph the pass model was built for);
+           includes (`Profile.compute_us`), times the device's real-graph scale for a pass of
+           this size; with a calibration (calibrate.py), every other non-view op too, at its
+           device's fitted cost for this pass size (attention grows with the KV length of the
+           graph the pass model was built for);
   copies   each tensor read on a device other than its own is copied once to that device, and
            the logits, when computed on the accelerator, are read back to the host:
            T'(bytes) = latency + bytes / bandwidth of that direction (profiled: to the device as
@@ -177,7 +178,7 @@ class PassModel:
             from .graph import target_ops
 
             cal = profile.calibration
-            scale = {d: (cal.devices[d].matmul_scale if cal is not None and d in cal.devices else 1.0)
+            scale = {d: (cal.devices[d].scale_for(self.n_tokens) if cal is not None and d in cal.devices else 1.0)
                      for d in (HOST, acc) if d}
             for op in target_ops(graph):
                 self.targets.add(op.index)
@@ -207,8 +208,8 @@ class PassModel:
             n = self.graph.nodes[i]
             srcs = [self.graph.tensor(s) for s in n.srcs]
             w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs))
-            self.t_host[i] = host.node_time_us(n.op, w)
-            self.t_acc[i] = acc.node_time_us(n.op, w)
+            self.t_host[i] = host.node_time_us(n.op, w, self.n_tokens)
+            self.t_acc[i] = acc.node_time_us(n.op, w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
 
     # --- structure ----------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Re-predict committed bench configurations with this checkout's cost model: each committed
+profile's calibration is refitted from the measurements it carries (points, splits), each
+configuration's plan is costed again, and the errors against the committed measurements are
+printed beside the ones the bench recorded. No model runs; a loopback rpc-server is started only
+to stand in for the accelerator (the plans' own rpc-servers are gone).
+
+    python scripts/repredict.py bench/results/<dir>      (configurations on an rpc-server)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oallama.planner import plan as planmod
+from oallama.planner.calibrate import fit
+from oallama.planner.profile import Profile
+from oallama.planner.schedmodel import NEVER, Placement
+from oallama.runtime import rpc
+
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
+    c = spec["config"]
+    pf = d / "profiles" / f"{spec['profile_key']}.json"
+    if not pf.exists():
+        pf = next(d.glob(f"profiles/{spec['profile_key'][:12]}*.json"))
+    prof = Profile.from_json(json.loads(pf.read_text()), pf)
+    old = prof.calibration
+    if old is not None:  # the committed measurements, fitted by this checkout's method
+        new = fit(old.points, [], prof, old.splits)
+        new.pass_a_us, new.pass_b_us = old.pass_a_us, old.pass_b_us
+        prof.calibration = new
+    prof = prof.renamed([n if n == "CPU" else device for n in prof.devices])
+    wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])
+    return planmod.build_context(c["model"], device, wl, profile=prof, threads=c["settings"]["threads"],
+                                 progress=False)
+
+
+def _placement(plan: dict[str, Any]) -> Placement:
+    on = frozenset(w for w, dev in plan["placement"].items() if dev == plan["accelerator"])
+    mb = {w: (NEVER if b is None else int(b)) for w, b in (plan.get("offload_min_batch") or {}).items()}
+    return Placement(on, plan["kv_layers"], mb, plan.get("layouts") or {}, plan.get("dual_max_batch") or 0)
+
+
+def _err(pred: dict[str, float], meas: dict[str, float], k: str) -> float:
+    return abs(pred[k] - meas[k]) / meas[k]
+
+
+def _p90(v: list[float]) -> float:
+    return float(np.percentile(v, 90))  # linear between ranks, as `oallama bench-report`
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    d = Path(sys.argv[1])
+    rows: list[tuple[str, str, str, dict[str, float], dict[str, float], dict[str, float]]] = []
+    with rpc.start_server(threads=1) as srv:
+        ctxs: dict[tuple[Any, ...], planmod.PlanContext] = {}
+        for spec_f in sorted(d.glob("raw/*.spec.json")):
+            res_f = spec_f.with_name(spec_f.name.replace(".spec.json", ".json"))
+            if not res_f.exists():
+                continue
+            spec, res = json.loads(spec_f.read_text()), json.loads(res_f.read_text())
+            c = spec["config"]
+            key = (c["model"], c["prompt"], c["gen"], spec["profile_key"])
+            if key not in ctxs:
+                ctxs[key] = _context(spec, d, srv.device_name)
+            pred = ctxs[key].predict(_placement(json.loads(Path(spec["plan_file"]).read_text())))
+            meas = {k: statistics.median(v) for k, v in res["samples"].items()}
+            rows.append((Path(c["model"]).stem, c["strategy"], c["budget"], meas, spec["plan"]["predicted"], pred))
+    print(f"# {d}: {len(rows)} configurations re-predicted\n")
+    print("| metric | median error recorded | median error now | p90 recorded | p90 now |\n|---|---|---|---|---|")
+    for k in METRICS:
+        old = sorted(_err(r[4], r[3], k) for r in rows)
+        new = sorted(_err(r[5], r[3], k) for r in rows)
+        print(f"| {k} | {statistics.median(old):.1%} | {statistics.median(new):.1%} | {_p90(old):.1%} | {_p90(new):.1%} |")
+    print("\nLargest changes of the end-to-end error (measured / recorded prediction / now, ms):\n")
+    ch = sorted(rows, key=lambda r: _err(r[5], r[3], "e2e_ms") - _err(r[4], r[3], "e2e_ms"))
+    for model, strategy, budget, meas, old, new in ch[:5] + ch[-5:]:
+        print(f"- {model} {strategy} @{budget}: e2e {meas['e2e_ms']:.0f} / {old['e2e_ms']:.0f} / {new['e2e_ms']:.0f}; "
+              f"TTFT {meas['ttft_ms']:.0f} / {old['ttft_ms']:.0f} / {new['ttft_ms']:.0f}; "
+              f"TPOT {meas['tpot_ms']:.1f} / {old['tpot_ms']:.1f} / {new['tpot_ms']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
