@@ -69,6 +69,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--strategies", default=",".join(plan.STRATEGIES), help="comma-separated; baselines too")
+    ap.add_argument("--time-limits", default="", help="also: optimal at the first budget under each of these "
+                    "solver limits (comma-separated seconds), predicted objective beside the limit")
     ap.add_argument("--no-calibrate", action="store_true", help="plan with the one-op profile alone (a shape-only "
                     "model's zero weights cannot be run for the calibration)")
     ap.add_argument("--model-dir", default="build/bench-models")
@@ -135,6 +137,17 @@ def main() -> int:
             md.append(f"| {r['budget']} | {r['strategy']} | {r['algorithm_s_median']:.3f} ± {r['algorithm_s_stdev']:.3f} | "
                       f"{r['with_memory_check_s_median']:.2f} ± {r['with_memory_check_s_stdev']:.2f} | {solver} | "
                       f"{r['predicted_ttft_ms']:.1f} | {r['predicted_tpot_ms']:.1f} | {r['acc_MiB']:.0f} |")
+        if args.time_limits:
+            budget_text = args.budget.split(",")[0]
+            cands = [plan.make_plan(ctx, s, budget_text) for s in ("layers", "affinity")]
+            md += ["", f"optimal at {budget_text} under each solver limit (s per offload mode):", "",
+                   "| limit s | make_plan s | predicted e2e ms | MIP gap | winner |", "|---|---|---|---|---|"]
+            for lim in (float(x) for x in args.time_limits.split(",")):
+                t0 = time.perf_counter()
+                p = plan.make_plan(ctx, "optimal", budget_text, candidates=cands, time_limit=lim)
+                gap = p.extra.get("mip_gap")
+                md.append(f"| {lim:g} | {time.perf_counter() - t0:.2f} | {p.predicted['e2e_ms']:.1f} | "
+                          f"{'-' if gap is None else f'{gap:.1%}'} | {p.extra.get('winner')} |")
         (out / f"plan_time_{args.preset}.md").write_text("\n".join(md) + "\n")
         print("\n".join(md))
     finally:
