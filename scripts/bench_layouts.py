@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -71,9 +72,8 @@ def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, o
     default = make_plan(ctx, "layers", None)
     opt = make_plan(ctx, "optimal", None)
     dual = make_plan(ctx, "optimal", None, host_budget=host_budget)
-    plain = make_plan(ctx, "optimal", None)
-    plain.placement = opt.placement.with_layouts({w: PLAIN for w in opt.placement.layouts})
-    plain.strategy, plain.predicted = "all-plain", ctx.predict(plain.placement)
+    all_plain = opt.placement.with_layouts({w: PLAIN for w in opt.placement.layouts})
+    plain = dataclasses.replace(opt, strategy="all-plain", placement=all_plain, predicted=ctx.predict(all_plain))
     files: dict[str, Path | None] = {}
     seen: dict[str, str] = {}
     for name, p in (("default", default), ("all-plain", plain), ("optimal", opt), ("optimal-dual", dual)):

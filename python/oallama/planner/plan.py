@@ -377,14 +377,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         elif o.host_budget is None and chosen.placement.layouts:
             print("dual layouts: off (give --host-budget to let weights keep both layouts)")
         opt = plans["optimal"].extra
-        if cpu_only:
-            pass
-        elif opt.get("winner") == "host":
+        if not cpu_only and opt.get("winner") == "host":
             print("optimal: the solver found no placement within the budget; every weight stays on the host")
-        elif opt.get("winner") != "solver":
+        elif not cpu_only and opt.get("winner") != "solver":
             print(f"optimal: the solver found no placement that fits and is predicted faster than "
                   f"'{opt['winner']}'; keeping it")
-        elif opt.get("solver_status"):
+        elif not cpu_only and opt.get("solver_status"):
             gap = float(opt.get("mip_gap") or 0.0)
             print(f"optimal: {'proven optimal' if gap <= 1e-6 else f'best found, within {gap:.1%} of optimal'} "
                   f"(HiGHS, {opt.get('solve_seconds_total', 0.0):.1f} s; raise the limit with --time-limit)")
