@@ -3,10 +3,12 @@
 #
 #   scripts/gpu_eval.sh pack                      (here, with internet) what the GPU machine lacks
 #   scripts/gpu_eval.sh build  [--max-minutes 9]  (GPU) CUDA build for Hopper (sm_90a), ninja -j16
+#   scripts/gpu_eval.sh gputest                   (GPU) pytest -m gpu + the kernel build test, once
 #   scripts/gpu_eval.sh synth  [--max-minutes 9]  (GPU) llama3-8b, qwq-32b, minicpm3-4b Q4_K_M
 #   scripts/gpu_eval.sh run    [--max-minutes 9]  (GPU) the grid, resumable; stops cleanly in time
 #   scripts/gpu_eval.sh report                    results -> JSON/CSV/MD/PNG + the README table
-#   scripts/gpu_eval.sh all    [--max-minutes 9]  build + synth + run as far as time allows, report
+#   scripts/gpu_eval.sh all    [--max-minutes 9]  build (synth beside it) + gputest + synth + run as far
+#                                                 as time allows, report
 #   scripts/gpu_eval.sh export [TARBALL]          results + profiles -> $OUT/gpu-eval-results.tgz
 #   scripts/gpu_eval.sh import TARBALL            (here) unpack an exported tarball
 #   scripts/gpu_eval.sh status                    what is done, what is left
@@ -38,8 +40,11 @@
 #              tool copies back. If the machine was given back in between, first unpack the
 #              last tarball here (step 3) and carry its state too: carry=["build/gpu-carry",
 #              "bench/results/<dir>/raw", "build/oallama-cache", "build/gpu-eval-outdir"] (the
-#              rest of bench/results/<dir> travels as untracked files); the rebuild (~5-8 min,
-#              estimated) and synth (~2-3 min, estimated) then happen again.
+#              rest of bench/results/<dir> travels as untracked files); the rebuild (293 s on
+#              an H100 machine's 16 cores, with the models written beside it) then happens again.
+#              The machine goes back 30 s after a call ends: issue the next call at once.
+#              First run (2026-11-22, bench/results/2026-11-22-h100): build + GPU tests + 17
+#              configurations of stage 1 in three calls and 26 minutes of device time.
 #              Budget: the full grid below is 333 configurations, far more than one session's
 #              30 minutes of device time; stages run in order of importance (1. end-to-end at
 #              prompt 64 / gen 32 for every model, 2. the TTFT/TPOT sweeps, 3. op offload off),
@@ -98,6 +103,9 @@ else
     PY=${PYTHON:-python3}
     REPS=${GPU_EVAL_REPS:-5}
     if [ -d "$SITE" ]; then export PYTHONPATH="$root/$SITE${PYTHONPATH:+:$PYTHONPATH}"; fi
+    # On the GPU image, loading libllama-common after numpy (as pytest or any numpy-first script
+    # does) crashes in its static initialisation; loading it first does not.
+    if [ -f "$SITE/oallama/lib/libllama-common.so" ]; then export LD_PRELOAD="$root/$SITE/oallama/lib/libllama-common.so"; fi
 fi
 THREADS_ARG=()
 [ -n "${GPU_EVAL_THREADS:-}" ] && THREADS_ARG=(--threads "$GPU_EVAL_THREADS")
@@ -156,6 +164,13 @@ step_pack() {
     say "carry build/gpu-carry in every device call"
 }
 
+install_wheels() {  # the carried wheels -> build/gpu-site (once per machine)
+    [ -f "$SITE/.wheels-ok" ] && return 0
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade "$CARRY"/wheels/*.whl \
+        || die "installing the carried wheels failed"
+    touch "$SITE/.wheels-ok"
+}
+
 # --- build (GPU) ----------------------------------------------------------------------------
 step_build() {
     if [ $VULKAN = 1 ]; then
@@ -175,7 +190,8 @@ step_build() {
     fi
     if [ -f build/gpu-build.ok ] && PYTHONPATH="$root/$SITE" $PY -c "import oallama._core as c; assert c.have_cuda" 2>/dev/null; then
         # the native build is done; the Python sources follow the working tree
-        cp python/oallama/*.py "$SITE/oallama/"
+        (cd python && find oallama -name '*.py' -o -name '*.pyi') | while read -r f; do
+            mkdir -p "$SITE/$(dirname "$f")" && cp "python/$f" "$SITE/$f"; done
         say "CUDA build is up to date"; export PYTHONPATH="$root/$SITE${PYTHONPATH:+:$PYTHONPATH}"; return 0
     fi
     # (inside `step || rc=$?` bash ignores set -e: every command that matters is checked)
@@ -189,18 +205,15 @@ step_build() {
         mkdir -p third_party/llama.cpp/src || die "mkdir failed"
         tar xzf "$CARRY/llama-src.tar.gz" -C third_party/llama.cpp/src || die "unpacking llama-src.tar.gz failed"
     fi
-    if [ ! -f "$SITE/.wheels-ok" ]; then
-        $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade "$CARRY"/wheels/*.whl \
-            || die "installing the carried wheels failed"
-        touch "$SITE/.wheels-ok"
-    fi
+    install_wheels
     export PYTHONPATH="$root/$SITE${PYTHONPATH:+:$PYTHONPATH}"
     local budget=$(( $(left_s) - 30 ))
     [ $budget -gt 60 ] || { say "not enough time left to build: run again"; return 3; }
     say "CUDA build for sm_90a ($(nproc) cores; up to $budget s this call, incremental)"
     local t0; t0=$(date +%s)
     set +e
-    OALLAMA_CUDA=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${CMAKE_ARGS:-}" \
+    # OALLAMA_KERNELS: oallama's own CUDA kernels (weaver receiver, tree all-reduce) beside ggml-cuda
+    OALLAMA_CUDA=ON OALLAMA_KERNELS=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${CMAKE_ARGS:-}" \
         CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16} \
         timeout --signal=INT "$budget" $PY -m pip wheel --no-deps --no-build-isolation --no-index -v \
         -w build/gpu-wheel . 2>&1 | grep -E --line-buffered '^\s*\[[0-9]+/[0-9]+\]|error|Error|Successfully' \
@@ -215,6 +228,25 @@ step_build() {
         || die "the CUDA build does not import or sees no device"
     touch build/gpu-build.ok
     say "CUDA build done in $(( $(date +%s) - t0 )) s"
+}
+
+# --- gputest (GPU, once after the build) ------------------------------------------------------
+step_gputest() {  # the tests marked gpu (skipped everywhere else), logged beside the results
+    [ $CPU = 1 ] && return 0
+    [ -f build/gpu-tests.done ] && return 0
+    local out; out=$(out_dir); mkdir -p "$out"
+    local budget=$(( $(left_s) - 30 ))
+    [ $budget -gt 60 ] || { say "not enough time left for the GPU tests: run again"; return 3; }
+    say "GPU tests (pytest -m gpu, up to $budget s) -> $out/gpu-tests.log"
+    { echo "# pytest -m gpu on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)," \
+        "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+      timeout "$budget" $PY -m pytest -m gpu -p no:cacheprovider -q -rA --timeout 240 \
+        tests/test_weaver.py tests/test_collective.py 2>&1
+      # the standalone kernel build CI runs without a device, here with its runtime checks
+      timeout 240 $PY -m pytest -p no:cacheprovider -q -rA --timeout 240 tests/test_kernels_compile.py 2>&1; } \
+        | tee "$out/gpu-tests.log" | tail -40 >&2 || true
+    touch build/gpu-tests.done  # failures are results too: logged, not retried
+    return 0
 }
 
 # --- synth ----------------------------------------------------------------------------------
@@ -349,11 +381,20 @@ case "$STEP" in
     pack) step_pack ;;
     build) rc=0; step_build || rc=$?; finish $rc ;;
     synth) rc=0; step_synth || rc=$?; finish $rc ;;
+    gputest) rc=0; step_build || rc=$?; [ $rc = 0 ] && { rm -f build/gpu-tests.done; step_gputest || rc=$?; }; finish $rc ;;
     run) rc=0; step_run || rc=$?; finish $rc ;;
     report) step_report ;;
     all)
         rc=0
+        # the models are written while the build compiles (synth needs no native code)
+        synth_pid=""
+        if [ $CPU = 0 ] && [ ! -f build/gpu-build.ok ] && [ -d "$CARRY/wheels" ]; then
+            install_wheels
+            ( PYTHONPATH="$root/python:$root/$SITE" step_synth > build/gpu-synth.log 2>&1 ) & synth_pid=$!
+        fi
         step_build || rc=$?
+        [ -n "$synth_pid" ] && { wait "$synth_pid" || true; cat build/gpu-synth.log >&2; }
+        [ $rc = 0 ] && { step_gputest || rc=$?; }
         [ $rc = 0 ] && { step_synth || rc=$?; }
         [ $rc = 0 ] && { step_run || rc=$?; }
         if [ $rc = 0 ] || [ $rc = 3 ]; then step_report || true; fi
@@ -362,5 +403,5 @@ case "$STEP" in
     export) step_export ;;
     import) step_import ;;
     status) step_status ;;
-    *) die "unknown step '$STEP' (pack, build, synth, run, report, all, export, import, status)" ;;
+    *) die "unknown step '$STEP' (pack, build, gputest, synth, run, report, all, export, import, status)" ;;
 esac

@@ -422,6 +422,11 @@ def test_configurations_measured_under_load_are_flagged() -> None:
     md = "\n".join(bench_accuracy.load_markdown(recs))
     assert "2 configuration(s)" in md and "redo: measured at load 1.60" in md
     assert bench_accuracy.load_markdown(recs[2:3]) == []
+    # the limit scales with the machine's cores: a 16-core machine running the bench's 8 threads
+    big = [_rec("e", "e2e_ms", 1.0, 1.0, load_avg_start=6.5, load_avg_end=8.0, cpu_count=16),
+           _rec("f", "e2e_ms", 1.0, 1.0, load_avg_start=12.5, load_avg_end=9.0, cpu_count=16)]
+    assert [(b["config_id"], b["limit"]) for b in bench_accuracy.high_load(big)] == [("f", 12.0)]
+    assert "above 12)" in bench_accuracy.warning_lines(big)[0]
 
 
 def test_predicted_passes_carry_every_numeric_key() -> None:

@@ -82,4 +82,11 @@ def test_version() -> None:
     assert oallama.__version__ == version("oallama")
     assert str(Version(oallama.__version__)) == oallama.__version__
     res = subprocess.run([sys.executable, "-m", "oallama", "--version"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and res.stdout.strip() == f"oallama {oallama.__version__}", res.stderr
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"oallama {oallama.__version__}"
+    # ... and what the libraries were built from: the pinned commit, every patch, the backends
+    stamp = _libs.llama_cpp_stamp()
+    assert lines[1].startswith(f"llama.cpp {str(stamp['llama_cpp_commit'])[:9]} + {len(stamp['patches'])} patch")
+    assert [ln.strip() for ln in lines[2:-1]] == [p[0] for p in stamp["patches"]]
+    assert lines[-1].startswith("backends: CPU, RPC") and ("Vulkan" in lines[-1]) == bool(_core.have_vulkan)

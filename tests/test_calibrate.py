@@ -17,9 +17,10 @@ import pytest
 from oallama import Llama, _core
 from oallama.errors import ClosedError
 from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, fit, node_overhead_us, work
+from oallama.planner.context import stream_link
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context
-from oallama.planner.profile import Profile, device_identity, profile_model
+from oallama.planner.profile import Link, Profile, device_identity, profile_model
 from oallama.planner.schedmodel import HOST, Placement
 from oallama.runtime import devices, rpc
 from oallama.runtime.generate import prompt_tokens
@@ -178,6 +179,55 @@ def test_calibrated_pass_model_costs_every_op(calibrated: Profile, tiny: Path, r
     pred = ctx.predict(Placement())
     assert {"compute_ms", "other_ms", "overhead_ms", "copy_ms", "launch_ms"} <= set(pred["passes"]["1"])
     assert pred["tpot_ms"] == pytest.approx(ctx.passes[1].cost(Placement()).total_us / 1e3)
+
+
+def test_streamed_load_streams_every_weight_matmul(calibrated: Profile, tiny: Path,
+                                                  rpc_server: rpc.RpcServer) -> None:
+    # the calibration's third load: every host weight streamed in a real decode pass; it must
+    # have streamed exactly the weights the scheduler model streams for such a placement
+    st = calibrated.calibration.stream[rpc_server.device_name]
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    pm = ctx.passes[1]
+    matmul_weights = {pm.graph.nodes[i].weight for i in pm.targets}
+    assert st["n_weights"] == len(matmul_weights) > 0
+    assert st["weight_bytes"] == sum(ctx.weight_bytes[w] for w in matmul_weights)
+    assert st["wall_us"] > 0 and len(st["samples_us"]) >= 1
+    assert Calibration.from_json(calibrated.calibration.to_json()).stream == calibrated.calibration.stream
+
+
+def test_stream_link_costs_streamed_weights_only(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer) -> None:
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    pm = ctx.passes[16]
+    half = sorted(pm.weights)[::2]
+    p = Placement(frozenset(), 0, {w: 1 for w in half})  # half the weights streamed, the rest on the host
+    before = pm.cost(p)
+    assert before.n_streamed > 0 and before.copy_us > before.stream_us > 0
+    pm.set_stream(Link(pm.stream.latency_us * 3, pm.stream.bytes_per_us / 4))
+    after = pm.cost(p)
+    assert after.stream_us > before.stream_us and after.stream_bytes == before.stream_bytes
+    # activations still cross on the profiled link
+    assert after.copy_us - after.stream_us == pytest.approx(before.copy_us - before.stream_us)
+    pred = ctx.predict(p)
+    assert pred["passes"]["16"]["stream_bytes"] == after.stream_bytes
+
+
+def test_stream_link_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer) -> None:
+    # a pass measured slower than the model (copies aside) makes the streamed copies dearer; one
+    # measured faster than the model's other terms cannot be attributed and keeps the link
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    pm = ctx.passes[1]
+    p = Placement(frozenset(), 0, {w: 1 for w in pm.weights})
+    c = pm.cost(p)
+    base = {"weight_bytes": c.stream_bytes}
+    slow = stream_link(pm, {**base, "wall_us": c.total_us + 10 * c.stream_us})
+    assert slow is not None
+    pm.set_stream(slow)
+    assert pm.cost(p).total_us == pytest.approx(c.total_us + 10 * c.stream_us, rel=1e-6)
+    assert stream_link(pm, {**base, "wall_us": 0.5 * (c.total_us - c.stream_us)}) is None
+    assert stream_link(pm, None) is None
 
 
 def test_profile_key_names_the_rpc_server_threads(rpc_server: rpc.RpcServer) -> None:

@@ -30,7 +30,8 @@ _COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="oallama", description="llama.cpp made operator-aware")
-    ap.add_argument("--version", action="version", version=f"oallama {_version()}")
+    ap.add_argument("--version", action=_VersionAction, nargs=0,
+                    help="show oallama's version, the llama.cpp it was built from and its backends")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in _COMMAND_MODULES:
@@ -45,9 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
+    """oallama's version, the llama.cpp commit and patches its libraries were built from, and the
+    backends built in (one per line)."""
     from ._version import __version__
 
-    return __version__
+    lines = [f"oallama {__version__}"]
+    try:
+        from . import _core, _libs
+
+        stamp = _libs.llama_cpp_stamp()
+        patches = [str(p[0]) for p in stamp.get("patches", [])]  # type: ignore[union-attr]
+        lines.append(f"llama.cpp {str(stamp['llama_cpp_commit'])[:9]} + {len(patches)} patch(es)")
+        lines += [f"  {p}" for p in patches]
+        backends = ["CPU", "RPC"] + (["CUDA"] if _core.have_cuda else []) + (["Vulkan"] if _core.have_vulkan else [])
+        lines.append(f"backends: {', '.join(backends)}")
+    except (ImportError, OSError, KeyError, ValueError) as e:  # a source tree without its build
+        lines.append(f"native build: not available ({e})")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """--version: several lines (argparse's own version action would re-wrap them)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(_version())
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,8 @@ from typing import Any
 ERROR_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 REPEAT_METRICS = ("ttft_ms", "tpot_ms")
 STRATEGY_ORDER = ("layers", "fit", "flexgen", "affinity", "optimal")
-LOAD_LIMIT = 1.5  # 1-minute load average above which a configuration is to be measured again
+LOAD_LIMIT = 1.5  # 1-minute load average above which a configuration is to be measured again ...
+LOAD_LIMIT_CORES = 2  # ... on a machine of this many cores; it scales with the record's cpu_count
 NOISE_TOLERANCE = 0.05  # identical placements measured twice agree within 5%
 OPTIMAL_TOLERANCE = 0.03  # issue target: optimal no more than 3% behind the best other strategy
 # what makes two configurations the same measurement besides the placement
@@ -235,41 +236,52 @@ def noisy_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = NOIS
     return [*lines, ""]
 
 
-def high_load(records: Iterable[Mapping[str, Any]], limit: float = LOAD_LIMIT) -> list[dict[str, Any]]:
-    """Configurations whose 1-minute load average, at their start or end, was above `limit`:
-    [{config_id, label, load}] (load: the higher of the two)."""
+def load_limit(cpu_count: int | None) -> float:
+    """The load average above which a run on a machine of cpu_count cores is to be redone:
+    LOAD_LIMIT per LOAD_LIMIT_CORES cores (a 16-core GPU machine's 8 benchmark threads are no
+    sign of a busy machine; on the 2-core VM two are)."""
+    return LOAD_LIMIT * max(int(cpu_count or LOAD_LIMIT_CORES), LOAD_LIMIT_CORES) / LOAD_LIMIT_CORES
+
+
+def high_load(records: Iterable[Mapping[str, Any]], limit: float | None = None) -> list[dict[str, Any]]:
+    """Configurations whose 1-minute load average, at their start or end, was above `limit`
+    (default: `load_limit` of the record's machine): [{config_id, label, load, limit}] (load:
+    the higher of the two)."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:
         loads = [float(x) for x in (r.get("load_avg_start"), r.get("load_avg_end")) if x is not None]
-        if r["config_id"] in seen or not loads or max(loads) <= limit:
+        lim = limit if limit is not None else load_limit(r.get("cpu_count"))
+        if r["config_id"] in seen or not loads or max(loads) <= lim:
             continue
-        seen[r["config_id"]] = {"config_id": r["config_id"], "load": max(loads),
+        seen[r["config_id"]] = {"config_id": r["config_id"], "load": max(loads), "limit": lim,
                                 "label": f"{r['model']} {_label(r)} prompt {r['prompt']} gen {r['gen']}"}
     return sorted(seen.values(), key=lambda x: -x["load"])
 
 
-def load_warning(load: float, label: str) -> str:
-    return f"redo: measured at load {load:.2f} (1-minute load average above {LOAD_LIMIT}): {label}"
+def load_warning(load: float, label: str, limit: float = LOAD_LIMIT) -> str:
+    return f"redo: measured at load {load:.2f} (1-minute load average above {limit:g}): {label}"
 
 
 def warning_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per configuration measured under load and per identical placement measured twice
     that disagrees (the end of `oallama bench`'s log)."""
-    return [*(f"{load_warning(b['load'], b['label'])}" for b in high_load(records)),
+    return [*(f"{load_warning(b['load'], b['label'], b['limit'])}" for b in high_load(records)),
             *(f"noisy: {p['model']} prompt {p['prompt']} gen {p['gen']}: the same placement measured {p['metric']} "
               f"{p['a_ms']:.2f} ms ({p['a_label']}) and {p['b_ms']:.2f} ms ({p['b_label']}), {_pct(p['diff'])} apart"
               for p in compare_repeats(records) if p["noisy"])]
 
 
-def load_markdown(records: Sequence[Mapping[str, Any]], limit: float = LOAD_LIMIT) -> list[str]:
+def load_markdown(records: Sequence[Mapping[str, Any]], limit: float | None = None) -> list[str]:
     busy = high_load(records, limit)
     if not any(r.get("load_avg_start") is not None or r.get("load_avg_end") is not None for r in records):
         return ["Load average: not recorded (a run before it was).", ""] if records else []
     if not busy:
         return []
+    lims = sorted({b["limit"] for b in busy})
     return ["## Measured under load", "", f"{len(busy)} configuration(s) ran while the 1-minute load average was "
-            f"above {limit} (the benchmark's own threads count in it): measure them again on a quiet machine.", "",
-            *(f"- {load_warning(b['load'], b['label'])} ({b['config_id']})" for b in busy), ""]
+            f"above {' / '.join(f'{x:g}' for x in lims)} ({LOAD_LIMIT:g} per {LOAD_LIMIT_CORES} cores; the benchmark's "
+            "own threads count in it): measure them again on a quiet machine.", "",
+            *(f"- {load_warning(b['load'], b['label'], b['limit'])} ({b['config_id']})" for b in busy), ""]
 
 
 def prediction_error_markdown(records: Sequence[Mapping[str, Any]]) -> list[str]:

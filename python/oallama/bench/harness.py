@@ -26,7 +26,7 @@ where it stopped, and `--max-minutes` stops cleanly before a time limit.
 
 Timings measured with a loopback rpc-server as the "accelerator" only prove the harness: that
 accelerator is another CPU process on the same machine. Every configuration records the 1-minute
-load average at its start and end: one measured above `accuracy.LOAD_LIMIT` is flagged in the log
+load average at its start and end: one measured above `accuracy.load_limit` (1.5 per 2 cores) is flagged in the log
 and in summary.md ("redo: measured at load X"), as are identical placements whose repeated
 measurements disagree by more than 5% (`accuracy.compare_repeats`).
 """
@@ -443,8 +443,9 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                              f"TPOT {statistics.median(r['tpot_ms']):.2f} ms (predicted "
                              f"{p.predicted['ttft_ms']:.1f} / {p.predicted['tpot_ms']:.2f})")
                     loads = [x for x in (res.get("load_avg_start"), res.get("load_avg_end")) if x is not None]
-                    if loads and max(loads) > accuracy.LOAD_LIMIT:
-                        _log(f"    {accuracy.load_warning(max(loads), c.label)}")
+                    lim = accuracy.load_limit(os.cpu_count())
+                    if loads and max(loads) > lim:
+                        _log(f"    {accuracy.load_warning(max(loads), c.label, lim)}")
                 elif err == "deadline":
                     _log(f"    stopped at the time limit ({opts.max_minutes:g} min); it reruns next time")
                     return

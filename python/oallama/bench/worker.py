@@ -89,6 +89,11 @@ def run_worker(spec_path: str) -> int:
     mem.sample()
     placed = llm.tensor_placements()
     acc_bytes = sum(t.nbytes for t in placed if t.device == acc)
+    # bytes per buffer type: a streamed weight's copy rate depends on the memory it leaves from
+    # (pinned "CUDA_Host", pageable "CPU_Mapped" / "CPU", repacked "CPU_REPACK")
+    buffer_bytes: dict[str, int] = {}
+    for t in placed:
+        buffer_bytes[t.buffer_type] = buffer_bytes.get(t.buffer_type, 0) + t.nbytes
     plan_doc = json.loads(Path(spec["plan_file"]).read_text())
     want = plan_doc.get("placement") or {}
     got = llm.tensor_devices()
@@ -119,7 +124,7 @@ def run_worker(spec_path: str) -> int:
                          "device_peak_bytes": mem.peak(), "device_source": mem.source,
                          "device_planned_bytes": spec["plan"]["memory"]["total"]},
               "placement": {"acc_weight_bytes": acc_bytes, "mismatches": mismatches[:20],
-                            "n_mismatches": len(mismatches)}}
+                            "n_mismatches": len(mismatches), "buffer_type_bytes": buffer_bytes}}
     write_json(Path(spec["result"]), result)
     return 0
 

@@ -26,7 +26,11 @@ token), from the host load (with an accelerator, reading its results back is the
 
 Two loads are timed: every layer on the host (op offload off: nothing streams), and every
 layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and one prefill
-size. Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+size. A third load streams every host weight to the accelerator in a decode pass (`stream`):
+weights leave from the memory llama.cpp loaded them into, which a one-op copy of a fresh buffer
+does not see (on an H100 the profiled link moved 54 GB/s, weights streamed in real loads at 8
+GB/s); the plan derives the rate from it in the model's own terms (`context.stream_link`).
+Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 from .. import _core
 from ..errors import OallamaError, ProfileError
 
-VERSION = 7  # of the method: part of a calibrated profile's cache key (7: per-pass-size anchors)
+VERSION = 8  # of the method: part of a calibrated profile's cache key (8: streamed weights timed)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
 
@@ -123,6 +127,8 @@ class Calibration:
     elapsed_s: float = 0.0
     points: list[dict[str, Any]] = field(default_factory=list)  # the measurements the fits come from
     splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
+    # accelerator -> a decode pass with every host weight streamed to it (`_measure_stream`)
+    stream: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         return self.pass_a_us + self.pass_b_us * n_tokens
@@ -137,11 +143,12 @@ class Calibration:
                                      {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
-                           doc.get("splits", []))
+                           doc.get("splits", []), dict(doc.get("stream") or {}))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
-                           self.elapsed_s, self.points, self.splits)
+                           self.elapsed_s, self.points, self.splits,
+                           {ren.get(k, k): v for k, v in self.stream.items()})
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -318,12 +325,78 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                 overheads += _overheads(llm, load, reps)
         finally:
             llm.close()
+    stream: dict[str, dict[str, Any]] = {}
+    if accs and op_offload:
+        if progress:
+            print(f"\rcalibrate: real graph, every host weight streamed ({len(loads) + 1}/{len(loads) + 1})".ljust(100),
+                  end="", file=sys.stderr, flush=True)
+        st = _measure_stream(path, accs[0].name, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
+                             reps=reps)
+        if st is not None:
+            stream[accs[0].name] = st
     cal = fit(points, overheads, profile, splits)
+    cal.stream = stream
     cal.elapsed_s = time.perf_counter() - t_start
     if progress:
         print(f"\rcalibrate: {len(points)} timed nodes in {cal.elapsed_s:.1f} s".ljust(100), file=sys.stderr,
               flush=True)
     return cal
+
+
+def _weight_nbytes(node: _core.NodeTime) -> int:
+    """Bytes of a weight matmul's weight (its first source), from its ggml type and shape."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[node.weight_type.upper()]]
+    except KeyError:
+        return 0
+    return math.prod(node.src_ne[0]) // block * size
+
+
+def _measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, threads: int, mmap: bool,
+                    reps: int) -> dict[str, Any] | None:
+    """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
+    one's op streamed to `acc` at any batch (patch 0001), as a FlexGen-like plan runs: their mean
+    wall time and the weights each streamed. None when no weight could stream (all repacked)."""
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+
+    try:
+        llm = Llama(str(path), devices=[acc], n_ctx=n_ctx, n_batch=n_prefill, n_ubatch=n_prefill, n_threads=threads,
+                    n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
+                    op_offload=True)
+    except (OallamaError, ValueError, RuntimeError) as e:
+        raise ProfileError(f"calibration: could not load {path} (streamed load): {e}") from None
+    try:
+        tokens = prompt_tokens(llm, n_ctx)
+        prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
+        with _core.NodeTimer(llm.native_context) as timer:
+            # the weight matmuls, seen before streaming (a streamed op reads the weight's copy,
+            # which is no model weight), then the same graph streamed (also the warm-up)
+            base = {r.index: r for r in _timed_eval(llm, timer, prefix, batch, []).nodes
+                    if r.weight_type and r.op in MATMUL_OPS}
+            _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements() if t.is_host})
+            nodes = _timed_eval(llm, timer, prefix, batch, []).nodes
+        streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]
+        if not streamed:
+            return None
+        # consecutive decode passes, as a generation runs them (the first one rebuilds the graph
+        # after the prompt's: not timed); their mean, as a TPOT averages its passes (on a busy
+        # machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass)
+        llm.reset()
+        llm.eval(prefix)
+        walls = []
+        for k in range(2 * max(reps, 2) + 1):
+            t0 = time.perf_counter()
+            llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
+            _sync(llm)
+            walls.append((time.perf_counter() - t0) * 1e6)
+        walls = walls[1:]
+    finally:
+        llm.close()
+    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
+            "n_weights": len(streamed), "weight_bytes": sum(_weight_nbytes(r) for r in streamed)}
 
 
 def _layers_that_fit(info: Any, acc: Any, n_layer: int) -> int:

@@ -22,7 +22,7 @@ from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
 from .graph import Graph, GraphSession, target_ops
-from .profile import DEFAULT_TOKENS, Profile, profile_model
+from .profile import DEFAULT_TOKENS, Link, Profile, profile_model
 from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
@@ -127,17 +127,23 @@ class PlanContext:
     kv_bytes: dict[int, int]  # per layer
     n_layer: int
     settings: dict[str, Any]
+    # streamed weights' link when the calibration measured it (`stream_link`), else None
+    stream: Link | None = None
 
     def predict(self, p: Placement) -> dict[str, Any]:
         costs = {n: pm.cost(p) for n, pm in self.passes.items()}
         ttft = sum(costs[n].total_us for n in self.workload.ubatches())
         tpot = costs[1].total_us
-        return {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (ttft + (self.workload.gen - 1) * tpot) / 1e3,
-                "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
-                                    "copy_ms": c.copy_us / 1e3, "launch_ms": c.launch_us / 1e3,
-                                    "overhead_ms": c.overhead_us / 1e3, "acc_ms": c.acc_us / 1e3,
-                                    "total_ms": c.total_us / 1e3, "splits": c.n_splits, "copies": c.n_copies,
-                                    "copy_bytes": c.copy_bytes} for n, c in costs.items()}}
+        out = {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (ttft + (self.workload.gen - 1) * tpot) / 1e3,
+               "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
+                                   "copy_ms": c.copy_us / 1e3, "stream_ms": c.stream_us / 1e3,
+                                   "launch_ms": c.launch_us / 1e3, "overhead_ms": c.overhead_us / 1e3,
+                                   "acc_ms": c.acc_us / 1e3, "total_ms": c.total_us / 1e3, "splits": c.n_splits,
+                                   "copies": c.n_copies, "copy_bytes": c.copy_bytes,
+                                   "stream_bytes": c.stream_bytes} for n, c in costs.items()}}
+        if self.stream is not None:  # GB/s = bytes/us / 1e3
+            out["stream_gb_s"] = self.stream.bytes_per_us / 1e3
+        return out
 
     def objective_ms(self, p: Placement) -> float:
         pred = self.predict(p)
@@ -192,8 +198,43 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
               for n in sizes}
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
                 "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
-    return PlanContext(model, acc_name, workload, profile, passes, weight_bytes(g_mem), kv_bytes_per_layer(g_mem),
-                       n_layer, settings)
+    stream = stream_link(passes[1], profile.calibration.stream.get(acc_name)
+                         if profile.calibration is not None and acc_name else None)
+    if stream is not None:
+        for pm in passes.values():
+            pm.set_stream(stream)
+        if progress:
+            h2d = passes[1].h2d
+            log(f"streamed weights in a real load (calibrated): {stream.latency_us:.0f} us + "
+                f"{stream.bytes_per_us / 1e3:.2f} GB/s per weight (a one-op copy: {h2d.latency_us:.0f} us + "
+                f"{h2d.bytes_per_us / 1e3:.2f} GB/s)")
+    # every tensor of the file, not only those a graph reads: a weight no pass uses (MiniCPM3's
+    # rope_factors_long at a context below its original length) still goes where its layer goes
+    wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
+    return PlanContext(model, acc_name, workload, profile, passes, wbytes, kv_bytes_per_layer(g_mem),
+                       n_layer, settings, stream)
+
+
+def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | None:
+    """The link streamed host weights take, from the calibration's streamed decode pass
+    (`calibrate._measure_stream`) in the model's own terms: its measured wall time less all the
+    model costs for that pass but the streamed weights' copies is what those copies took. Of the
+    link's two terms, the larger in that pass takes it all (large weights: the bandwidth, e.g. an
+    H100's weights leaving pinned-or-not host memory; many small ones: the per-copy latency, e.g.
+    an rpc-server synchronised before each copy). None without a measurement, or when the copies
+    are too small a part of the pass to be measured."""
+    if not measured or pm.acc is None:
+        return None
+    c = pm.cost(Placement(frozenset(), 0, {w: 1 for w in pm.weights}))
+    nbytes = int(measured.get("weight_bytes") or c.stream_bytes)
+    wall = float(measured["wall_us"])
+    left = wall - (c.total_us - c.stream_us)  # us the streamed copies took
+    if c.n_streamed == 0 or nbytes <= 0 or left <= 0.1 * wall:
+        return None
+    lat0, bw0 = pm.stream.latency_us, pm.stream.bytes_per_us
+    if nbytes / bw0 >= c.n_streamed * lat0:
+        return Link(lat0, nbytes / max(left - c.n_streamed * lat0, 1e-3))
+    return Link(max(left - nbytes / bw0, 0.0) / c.n_streamed, bw0)
 
 
 def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph]) -> None:

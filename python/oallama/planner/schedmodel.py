@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
 from .calibrate import Calibration, work
 from .graph import Graph, Node
-from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Profile
+from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 
 HOST = "CPU"
 _KV_LEAF = re.compile(r"^cache_[a-z]+_l(\d+)$")
@@ -110,6 +110,9 @@ class PassCost:
     other_us: float = 0.0  # every other op (calibrated; 0 without a calibration)
     overhead_us: float = 0.0  # outside the graph (calibrated)
     acc_us: float = 0.0  # of compute + other: on the accelerator
+    stream_us: float = 0.0  # of copy_us: host weights streamed to the accelerator
+    stream_bytes: int = 0  # of copy_bytes: those weights (bytes)
+    n_streamed: int = 0  # how many weights stream
 
     @property
     def total_us(self) -> float:
@@ -193,6 +196,9 @@ class PassModel:
                 self._other_ops(cal)
             self.h2d = profile.link(acc, "h2d")
             self.d2h = profile.link(acc, "d2h")
+            # a streamed host weight's copy: the h2d link unless the calibration measured weights
+            # streaming in a real load (`set_stream`), which may leave from slower memory
+            self.stream = self.h2d
             self.launch = {0: profile.issue_us(HOST), 1: profile.issue_us(acc) if acc else 0.0}
 
     def _other_ops(self, cal: Calibration) -> None:
@@ -335,7 +341,10 @@ class PassModel:
                     copies.add((src, dev[i]))
         # a tensor read on the other device is copied once, sized by its largest read
         sizes = {(src, d): self.read_bytes[src] for src, d in copies}
-        copy_us = sum((self.h2d if to_acc else self.d2h).time_us(b) for (_, to_acc), b in sizes.items())
+        streamed = {src: b for (src, to_acc), b in sizes.items() if to_acc and src[0] == "w"}
+        stream_us = sum(self.stream.time_us(b) for b in streamed.values())
+        copy_us = stream_us + sum((self.h2d if to_acc else self.d2h).time_us(b)
+                                  for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
         if self.readback is not None and dev[self.readback[0]]:  # the logits come back from the accelerator
             copy_us += self.d2h.time_us(self.readback[1])
         splits, launch, last = 0, 0.0, None
@@ -345,7 +354,11 @@ class PassModel:
                 launch += self.launch[int(dev[i])]
                 last = dev[i]
         return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev, other,
-                        self.overhead_us, on_acc)
+                        self.overhead_us, on_acc, stream_us, sum(streamed.values()), len(streamed))
+
+    def set_stream(self, link: Link) -> None:
+        """Cost streamed host weights with `link` (see `planner.context.stream_link`)."""
+        self.stream = link
 
 
 def weight_bytes(graph: Graph) -> dict[str, int]:
