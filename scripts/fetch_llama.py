@@ -4,7 +4,9 @@
 The upstream is the llama.cpp tree vendored in the llama-cpp-python sdist named in
 third_party/llama.cpp/PIN. This script
 
-  1. downloads that sdist into third_party/llama.cpp/.cache/ (pip download, no deps),
+  1. downloads that sdist into third_party/llama.cpp/.cache/ (pip download, no deps; where pip is
+     not importable, as in `pip install .`'s isolated build environment, from PyPI's address
+     for it, or OALLAMA_SDIST_URL),
   2. checks its sha256 against the PIN (a mismatch is an error, nothing is extracted),
   3. extracts vendor/llama.cpp into third_party/llama.cpp/src/,
   4. applies third_party/llama.cpp/patches/*.patch in name order,
@@ -19,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,13 +93,42 @@ def download_sdist(pin: dict[str, str]) -> Path:
         sdist.unlink()  # a partial or foreign file: fetch again
     spec = f"{pin['package']}=={pin['version']}"
     print(f"fetch_llama: downloading {spec} sdist into {CACHE_DIR}", flush=True)
-    # --no-build-isolation: pip prepares the sdist's metadata with the scikit-build-core
-    # already installed instead of building build-deps (cmake!) from source.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-           "--no-build-isolation", "--disable-pip-version-check", "-d", str(CACHE_DIR), spec]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 or not sdist.exists():
-        raise FetchError(f"could not download {spec}: {' '.join(cmd)}\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+    why = ""
+    if importlib.util.find_spec("pip") is not None:
+        # through pip, so that its index settings (mirrors, proxies) apply; --no-build-isolation:
+        # pip prepares the sdist's metadata with the scikit-build-core already installed instead
+        # of building build-deps (cmake!) from source
+        cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+               "--no-build-isolation", "--disable-pip-version-check", "-d", str(CACHE_DIR), spec]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0 or not sdist.exists():
+            why = f"{' '.join(cmd)}\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
+    else:
+        why = "pip is not importable here (pip's isolated build environment)"
+    if not sdist.exists():
+        # the package index's simple page (PEP 503; PIP_INDEX_URL or PyPI) names the sdist's
+        # address: what `pip install .` in a clean clone reaches (its isolated build
+        # environment has no pip)
+        print(f"fetch_llama: {why.splitlines()[0] if why else 'pip failed'}; asking the package index", flush=True)
+        part = sdist.with_suffix(".part")
+        url = os.environ.get("OALLAMA_SDIST_URL", "")
+        try:
+            if not url:
+                index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+                page = f"{index}/{re.sub(r'[-_.]+', '-', pin['package']).lower()}/"
+                with urllib.request.urlopen(page, timeout=60) as r:
+                    html = r.read().decode("utf-8", "replace")
+                m = re.search(r'href="([^"#]*' + re.escape(pin["sdist"]) + r')(?:#[^"]*)?"', html)
+                if m is None:
+                    raise FetchError(f"could not download {spec}: {page} lists no {pin['sdist']}\n{why}")
+                url = urllib.parse.urljoin(page, m[1])
+            print(f"fetch_llama: fetching {url}", flush=True)
+            with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
+                shutil.copyfileobj(r, f)
+            part.replace(sdist)
+        except OSError as e:
+            part.unlink(missing_ok=True)
+            raise FetchError(f"could not download {spec}: {why}\n{url or 'the package index'}: {e}") from None
     got = sha256_of(sdist)
     if got != pin["sha256"]:
         bad = sdist.with_suffix(".sha256-mismatch")

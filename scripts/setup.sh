@@ -42,19 +42,9 @@ if [ "${OALLAMA_VULKAN:-OFF}" = ON ]; then
     fi
 fi
 
+# (the build's configure step does this too; here it feeds the up-to-date check below)
 step "fetching the pinned llama.cpp"
 python scripts/fetch_llama.py
-
-if ! python - <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-sys.exit(0 if m.version("llama_cpp_python") == "0.3.36" else 1)
-PY
-then
-    step "installing llama-cpp-python 0.3.36 (bindings only: oallama provides the libraries)"
-    sdist=$(python scripts/fetch_llama.py --print-sdist)
-    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
-        python -m pip install -q --disable-pip-version-check --no-build-isolation "$sdist"
-fi
 
 # Everything that feeds the native build; unchanged inputs and an importable _core skip it.
 build_inputs() {
@@ -72,7 +62,10 @@ else
     step "building oallama (llama.cpp + _core); a clean build takes ~10 min on 2 cores"
     start=$(date +%s)
     export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-    python -m pip install --disable-pip-version-check --no-build-isolation --no-deps -v -e . \
+    # the README's install command (CMAKE_ARGS: llama-cpp-python's bindings without its own
+    # llama.cpp), editable and without build isolation so that the build directory is reused
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" \
+        python -m pip install --disable-pip-version-check --no-build-isolation -v -e . \
         2>&1 | grep -E --line-buffered '^\s*\[[0-9]+/[0-9]+\]|error|Error|warning: unused|Successfully' || true
     python -c "import oallama._core" || { echo "setup: the build failed (see above)"; exit 1; }
     echo "$want_build" > "$build_stamp"

@@ -56,6 +56,18 @@ def llama_cpp_stamp() -> dict[str, object]:
     return json.loads((native_dir() / "llama_cpp_stamp.json").read_text())
 
 
+def describe_build() -> list[str]:
+    """What the native libraries were built from: the llama.cpp commit and patches, one line per
+    patch, and the backends built in (`oallama --version`, `oallama devices`)."""
+    from . import _core
+
+    stamp = llama_cpp_stamp()
+    patches = [str(p[0]) for p in stamp.get("patches", [])]  # type: ignore[union-attr]
+    backends = ["CPU", "RPC"] + (["CUDA"] if _core.have_cuda else []) + (["Vulkan"] if _core.have_vulkan else [])
+    return [f"llama.cpp {str(stamp['llama_cpp_commit'])[:9]} + {len(patches)} patch(es)",
+            *(f"  {p}" for p in patches), f"backends: {', '.join(backends)}"]
+
+
 def _same(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or os.path.samefile(a, b)

@@ -52,14 +52,9 @@ def _version() -> str:
 
     lines = [f"oallama {__version__}"]
     try:
-        from . import _core, _libs
+        from . import _libs
 
-        stamp = _libs.llama_cpp_stamp()
-        patches = [str(p[0]) for p in stamp.get("patches", [])]  # type: ignore[union-attr]
-        lines.append(f"llama.cpp {str(stamp['llama_cpp_commit'])[:9]} + {len(patches)} patch(es)")
-        lines += [f"  {p}" for p in patches]
-        backends = ["CPU", "RPC"] + (["CUDA"] if _core.have_cuda else []) + (["Vulkan"] if _core.have_vulkan else [])
-        lines.append(f"backends: {', '.join(backends)}")
+        lines += _libs.describe_build()
     except (ImportError, OSError, KeyError, ValueError) as e:  # a source tree without its build
         lines.append(f"native build: not available ({e})")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import re
 import socket
 from dataclasses import dataclass, fields, replace
 
-from .. import _core
+from .. import _core, _libs
 from ..errors import RpcServerError, UnknownDeviceError
 
 _RPC_NAME = re.compile(r"^RPC\[(?P<endpoint>[^\]]+)\](?:#(?P<index>\d+))?$")
@@ -180,6 +180,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    build = _libs.describe_build()
+    print(f"\nbuilt from {build[0]}; {build[-1]}")
     return 0
 
 
