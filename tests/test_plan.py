@@ -25,7 +25,7 @@ from oallama.planner.plan import (
     make_plan,
     parse_budget,
 )
-from oallama.planner.profile import Profile
+from oallama.planner.profile import Link, Profile
 from oallama.planner.schedmodel import HOST, NEVER, Placement
 from oallama.runtime import devices, rpc
 
@@ -114,8 +114,8 @@ def favourable(prof: Profile, acc: str, speedup: float = 20.0) -> Profile:
     for key, stats in p.ops[acc].items():
         stats["median_us"] = p.ops[HOST][key]["median_us"] / speedup
     floor = min(stats["median_us"] for stats in p.ops[acc].values())  # us
-    for link in p.links[acc].values():
-        link.latency_us, link.bytes_per_us = floor, 10_000.0
+    for direction in p.links[acc]:
+        p.links[acc][direction] = Link(floor, 10_000.0)  # a line: no measured curve
     p.devices[acc]["launch_us"] = p.devices[acc]["issue_us"] = floor
     cal = p.calibration
     if cal is not None:  # every other op, too, `speedup` x the CPU's

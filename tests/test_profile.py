@@ -93,3 +93,21 @@ def test_link_fit() -> None:
     link = Link.fit([(1000, 12.0), (2000, 14.0), (4000, 18.0)])
     assert link.latency_us == pytest.approx(10.0) and link.bytes_per_us == pytest.approx(500.0)
     assert link.time_us(0) == 0.0 and link.time_us(500) == pytest.approx(11.0)
+
+
+def test_link_follows_its_measured_curve() -> None:
+    # an rpc-server's h2d copies as measured on loopback: small sets are taken at once (socket
+    # buffer), large ones at the drain rate; no single line holds both ends
+    pts = [(4096, 59.0), (131072, 79.0), (524288, 132.0), (2097152, 1439.0), (4194304, 4975.0),
+           (7340032, 10818.0), (29360128, 45998.0)]
+    link = Link.fit(pts)
+    for b, t in pts:
+        assert link.time_us(b) == pytest.approx(t)
+    assert 59.0 < link.time_us(16384) < 79.0  # between its neighbours (the line said 26 us)
+    last = (45998.0 - 10818.0) / (29360128 - 7340032)
+    assert link.time_us(58720256) == pytest.approx(45998.0 + 29360128 * last)  # the last segment, extended
+    # a noisy sample below its predecessor does not make a larger copy cheaper
+    bumpy = Link.fit([(1000, 20.0), (2000, 15.0), (4000, 30.0)])
+    assert bumpy.time_us(2000) == pytest.approx(20.0) and bumpy.time_us(1500) == pytest.approx(20.0)
+    # a link the planner derives (no samples) stays a line
+    assert Link(5.0, 100.0).time_us(1000) == pytest.approx(15.0)

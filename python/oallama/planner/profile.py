@@ -21,6 +21,8 @@ settings (threads, op_offload, mmap, repack), and reused when all of these match
 from __future__ import annotations
 
 import argparse
+import bisect
+import functools
 import hashlib
 import json
 import os
@@ -86,14 +88,41 @@ def _stats(samples: Sequence[float]) -> dict[str, float]:
 
 @dataclass
 class Link:
-    """Copy cost between host memory and a device: latency_us + bytes / bytes_per_us."""
+    """Copy cost between host memory and a device (us for a copy of n bytes).
+
+    With measured samples: the curve through them (piecewise linear in bytes, times made
+    non-decreasing), extended by its first and last segments. One line cannot hold both ends
+    where a device takes small copies at another rate than large ones (an rpc-server's socket
+    buffer takes a 4-512 KiB set at once, a 2+ MiB one at the drain rate: the least-squares
+    line put a 16 KiB copy at 6 us against 60 measured). Without samples (a link derived by
+    the planner, e.g. `context.stream_link`): latency_us + bytes / bytes_per_us, which `fit`
+    also gives for the samples, for a summary."""
 
     latency_us: float
     bytes_per_us: float
     samples: list[tuple[int, float]] = field(default_factory=list)  # (bytes, median us)
 
+    @functools.cached_property
+    def _curve(self) -> tuple[list[float], list[float]]:
+        pts = sorted((float(b), float(t)) for b, t in self.samples if b > 0)
+        xs: list[float] = []
+        ys: list[float] = []
+        for b, t in pts:
+            if xs and b == xs[-1]:
+                continue
+            xs.append(b)
+            ys.append(max(t, ys[-1]) if ys else t)
+        return xs, ys
+
     def time_us(self, nbytes: int) -> float:
-        return 0.0 if nbytes <= 0 else self.latency_us + nbytes / self.bytes_per_us
+        if nbytes <= 0:
+            return 0.0
+        xs, ys = self._curve
+        if len(xs) < 2:
+            return self.latency_us + nbytes / self.bytes_per_us
+        k = min(max(bisect.bisect_left(xs, nbytes), 1), len(xs) - 1)  # segment [k-1, k]
+        slope = (ys[k] - ys[k - 1]) / (xs[k] - xs[k - 1])
+        return max(ys[k - 1] + (nbytes - xs[k - 1]) * slope, 0.0)
 
     @staticmethod
     def fit(samples: list[tuple[int, float]]) -> Link:
