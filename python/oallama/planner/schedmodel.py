@@ -23,8 +23,8 @@ and then costs the assignment (microseconds):
            graph the pass model was built for);
   copies   each tensor read on a device other than its own is copied once to that device, and
            the logits, when computed on the accelerator, are read back to the host:
-           T'(bytes) = latency + bytes / bandwidth of that direction (profiled: to the device as
-           handed over, back as waited for); a streamed weight is such a copy of the whole weight,
+           T'(bytes) from that direction's measured curve (`profile.Link`; profiled: to the device
+           as handed over, back as waited for); a streamed weight is such a copy of the whole weight,
            on the link the calibration measured weights streaming at in a real load (`stream`,
            `set_stream`; the h2d link without one);
   splits   each change of device along the graph order starts a split: the device's issue cost
