@@ -45,7 +45,7 @@
 #              The machine goes back 30 s after a call ends: issue the next call at once.
 #              First run (2026-11-22, bench/results/2026-11-22-h100): build + GPU tests + 17
 #              configurations of stage 1 in three calls and 26 minutes of device time.
-#              Budget: the full grid below is 333 configurations, far more than one session's
+#              Budget: the full grid below is several hundred configurations, far more than one session's
 #              30 minutes of device time; stages run in order of importance (1. end-to-end at
 #              prompt 64 / gen 32 for every model, 2. the TTFT/TPOT sweeps, 3. op offload off),
 #              and every finished configuration is kept.
@@ -255,9 +255,10 @@ models() {  # "preset qtype layers file" per line
         echo "tiny q8_0 - $MODELS/tiny-q8_0.gguf"
         [ "${GPU_EVAL_QUICK:-0}" = 1 ] || echo "llama3-8b q4_k_m 2 $MODELS/llama3-8b-q4_k_m-2l.gguf"
     else
+        # the small models first: a stage cut by the time limit has covered most models
         echo "llama3-8b q4_k_m - $MODELS/llama3-8b-q4_k_m.gguf"
-        echo "qwq-32b q4_k_m - $MODELS/qwq-32b-q4_k_m.gguf"
         echo "minicpm3-4b q4_k_m - $MODELS/minicpm3-4b-q4_k_m.gguf"
+        echo "qwq-32b q4_k_m - $MODELS/qwq-32b-q4_k_m.gguf"
     fi
 }
 
@@ -328,9 +329,12 @@ step_run() {
             || return $?
         return 0
     fi
-    local grid=(--gpu-budget 25%,50%,75% --strategies layers,fit,flexgen,affinity,optimal)
-    # 1. the paper's end-to-end figure (prompt 64, generate 32) for every model first
+    local grid=(--gpu-budget 25%,50%,75% --strategies layers,fit,affinity,optimal)
+    # 1. the paper's end-to-end figure (prompt 64, generate 32) for every model first; flexgen
+    # after it, at one budget (it places nothing on the GPU at any budget, and streams every
+    # weight for every token: QwQ-32B's 19 GB took most of a 10-minute call in the first run)
     bench e2e "${files[@]}" "${grid[@]}" --prompt 64 --gen 32 || return $?
+    bench e2e-flexgen "${files[@]}" --gpu-budget 50% --strategies flexgen --prompt 64 --gen 32 || return $?
     # 2. TTFT vs prompt length (generate 32) and TPOT vs generation length (prompt 64)
     bench sweep "${files[@]}" "${grid[@]}" --grid sweep --prompt 32,64,128,256,512 --gen 32,64,128 || return $?
     # 3. llama.cpp's default op offload off, for the placements llama.cpp makes itself
