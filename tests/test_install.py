@@ -35,6 +35,7 @@ def test_pip_install_from_a_clean_clone(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OALLAMA_", "LLAMA_CPP_", "CMAKE_"))}
     env["OALLAMA_FETCH_CACHE"] = str(ROOT / "third_party" / "llama.cpp" / ".cache")
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(os.cpu_count() or 2)
+    env["OALLAMA_CACHE"] = str(tmp_path / "cache")  # profiles stay in the test's directory
     _run(["git", "clone", "-q", str(ROOT), str(clone)], tmp_path, env, 300)
     assert not (clone / "third_party" / "llama.cpp" / "src").exists()  # nothing upstream in the clone
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 300)
