@@ -356,6 +356,17 @@ PYBIND11_MODULE(_core, m) {
         return oallama_rpc_add_server(endpoint);
     }, py::arg("endpoint"));
 
+    m.def("rpc_set_timeout", [](double seconds) {
+        if (!(seconds >= 0)) {
+            throw py::value_error("rpc timeout must be >= 0 seconds (0: wait forever)");
+        }
+        oallama_rpc_set_timeout((int64_t) (seconds * 1e3 + 0.5));  // ms
+    }, py::arg("seconds"),
+          "Bound every later send/receive to any rpc-server (process-wide; 0: wait forever).");
+
+    m.def("rpc_failed", &oallama_rpc_get_failed, py::arg("endpoint"),
+          "True once the open connection to this rpc-server failed (died, hung past the timeout, dropped).");
+
     m.def("model_tensors", [](const Model & model) {
         return oallama_model_get_tensors(model.get());
     }, py::arg("model"), "Weights of a loaded model and where they live.");

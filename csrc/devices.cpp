@@ -120,7 +120,8 @@ ggml_backend_dev_t oallama_device_by_name(const std::string & name) {
 std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint) {
     ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());  // one per endpoint
     if (reg == nullptr) {
-        throw std::runtime_error("rpc-server at " + endpoint + " reports no devices");
+        throw std::runtime_error("rpc-server at " + endpoint + " did not answer with a device (not an "
+                                 "rpc-server of this protocol version, hung, or it reports none)");
     }
     {
         std::lock_guard<std::mutex> lock(g_rpc_mutex);
@@ -185,4 +186,12 @@ void oallama_cpu_set_dual_max_batch(int max_batch) {
         throw std::runtime_error("this build's CPU backend has no dual weight layout (CPU_REPACK_DUAL, patch 0006)");
     }
     set(max_batch);
+}
+
+void oallama_rpc_set_timeout(int64_t timeout_ms) {
+    ggml_backend_rpc_set_timeout(timeout_ms);
+}
+
+bool oallama_rpc_get_failed(const std::string & endpoint) {
+    return ggml_backend_rpc_failed(endpoint.c_str());
 }

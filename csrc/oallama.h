@@ -125,8 +125,20 @@ void oallama_cpu_set_dual_max_batch(int max_batch);
 // Add a running rpc-server ("host:port")'s devices to oallama's device table, once per endpoint;
 // returns their oallama names. They are not registered with ggml's global registry (llama.cpp's
 // default device selection would take them); loads name them explicitly. The caller must have
-// checked that the endpoint accepts connections: ggml-rpc aborts the process on a refusal.
+// checked that the endpoint accepts connections (a refused or unanswered connection throws).
 std::vector<std::string> oallama_rpc_add_server(const std::string & endpoint);
+
+// Bound every later send/receive to any rpc-server (ms; 0: wait forever). Process-wide (patch 0007):
+// a server that dies, hangs longer than this or drops the connection fails its graphs instead of
+// aborting the process.
+//
+//     oallama_rpc_set_timeout(60000);
+//     if (llama_decode(ctx, batch) != 0 && oallama_rpc_get_failed("127.0.0.1:50052")) { /* that one */ }
+void oallama_rpc_set_timeout(int64_t timeout_ms);
+
+// True once the open connection to `endpoint` failed; false when it is healthy or none is open
+// (the failed connection goes when the last model/context using it is freed).
+bool oallama_rpc_get_failed(const std::string & endpoint);
 
 //
 // model (model.cpp)

@@ -245,7 +245,11 @@ def cpu_set_dual_max_batch(max_batch: int) -> None:
     """CPU_REPACK_DUAL: matmuls of fewer columns use the repacked copy (process-wide)."""
 def device_name(name: str) -> str: ...
 def rpc_add_server(endpoint: str) -> list[str]:
-    """Register a reachable rpc-server (probe it first: ggml-rpc aborts on refusal)."""
+    """Register a reachable rpc-server (probe it first: a refused connection raises RuntimeError)."""
+def rpc_set_timeout(seconds: float) -> None:
+    """Bound every later send/receive to any rpc-server (process-wide; 0: wait forever)."""
+def rpc_failed(endpoint: str) -> bool:
+    """True once the open connection to this rpc-server failed (died, hung past the timeout, dropped)."""
 
 # --- model (model.cpp) -----------------------------------------------------------------------
 def model_tensors(model: Model) -> list[TensorInfo]: ...

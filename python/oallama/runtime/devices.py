@@ -3,8 +3,10 @@
 Names are ggml's ("CPU", "CUDA0", "Vulkan0", ...) except for rpc-server devices, which are
 named by endpoint, "RPC[127.0.0.1:50052]" (a server's further devices: "RPC[...]#1"), because
 ggml's own RPC names depend on the order servers were added. Naming an RPC device makes it
-known: `resolve("RPC[host:port]")` first checks that the server accepts connections (ggml-rpc
-would abort the whole process on a refused connection), then registers it with ggml.
+known: `resolve("RPC[host:port]")` first checks that the server accepts connections (a clear
+error now instead of a failed load later), then registers it with ggml. A server that dies,
+hangs or drops the connection while in use fails its model's loads and decodes with
+RpcServerError (patch 0007; `set_rpc_timeout` bounds the wait) instead of aborting the process.
 
     >>> from oallama import devices
     >>> [d.name for d in devices.list_devices()]
@@ -16,10 +18,12 @@ from __future__ import annotations
 import argparse
 import re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
 from .. import _core, _libs
 from ..errors import RpcServerError, UnknownDeviceError
+from .rpc import RPC_TIMEOUT_S
 
 _RPC_NAME = re.compile(r"^RPC\[(?P<endpoint>[^\]]+)\](?:#(?P<index>\d+))?$")
 _PROBE_TIMEOUT_S = 5.0
@@ -60,6 +64,7 @@ def _init() -> None:
     global _initialised
     if not _initialised:
         _core.backend_init()
+        _core.rpc_set_timeout(RPC_TIMEOUT_S)  # until set_rpc_timeout says otherwise
         _initialised = True
 
 
@@ -67,7 +72,7 @@ def list_devices(query_rpc_memory: bool = False) -> list[Device]:
     """Every device ggml knows in this process, in ggml's order (CPU is always there).
 
     query_rpc_memory asks each rpc-server for its memory, after checking it still answers
-    (ggml-rpc aborts the process on a refused connection); a gone server reports 0 bytes."""
+    (a short TCP probe, so that a gone server costs no rpc timeout); a gone server reports 0 bytes."""
     _init()
     devs = [Device.from_native(d) for d in _core.devices_list(False)]
     if query_rpc_memory:
@@ -111,22 +116,47 @@ def probe_endpoint(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> None:
         raise RpcServerError(f"cannot reach rpc-server at {endpoint}: {e.strerror or e}") from None
 
 
-def add_rpc_server(endpoint: str) -> list[str]:
-    """Make a running rpc-server's devices known to ggml; returns their oallama names."""
+def add_rpc_server(endpoint: str, probe: bool = True) -> list[str]:
+    """Make a running rpc-server's devices known to ggml; returns their oallama names. `probe`:
+    first check that it accepts connections (a clear error now rather than a failed load later)."""
     _init()
-    probe_endpoint(endpoint)
+    if probe:
+        probe_endpoint(endpoint)
     try:
         return list(_core.rpc_add_server(endpoint))
     except RuntimeError as e:
         raise RpcServerError(str(e)) from None
 
 
-def resolve(name: str) -> Device:
-    """The device called `name` (oallama or ggml name); RPC names are registered on demand."""
+def set_rpc_timeout(seconds: float) -> None:
+    """Bound every later send/receive to any rpc-server of this process (s; 0: wait forever). A
+    server that dies, hangs longer than this or drops the connection then fails its model's
+    decodes with RpcServerError (patch 0007) instead of aborting the process."""
+    _init()
+    if not isinstance(seconds, int | float) or not seconds >= 0:
+        raise RpcServerError(f"rpc_timeout={seconds!r}: give seconds >= 0 (0: wait forever)")
+    _core.rpc_set_timeout(float(seconds))
+
+
+def rpc_endpoint(name: str) -> str | None:
+    """'RPC[host:port]' or 'RPC[host:port]#1' -> 'host:port'; None for any other device name."""
+    m = _RPC_NAME.match(name.strip()) if isinstance(name, str) else None  # a bad plan entry: checked later
+    return m["endpoint"] if m else None
+
+
+def failed_rpc_endpoints(endpoints: Iterable[str]) -> list[str]:
+    """Those of `endpoints` whose open connection failed (died, hung past the timeout, dropped)."""
+    return [ep for ep in endpoints if _core.rpc_failed(ep)]
+
+
+def resolve(name: str, probe: bool = True) -> Device:
+    """The device called `name` (oallama or ggml name); RPC names are registered on demand, after
+    a probe of the server unless `probe` is False (a name the caller resolved a moment ago: an
+    rpc-server takes one connection at a time, and back-to-back probes wait on SYN retries)."""
     _init()
     m = _RPC_NAME.match(name.strip())
     if m:
-        add_rpc_server(m["endpoint"])
+        add_rpc_server(m["endpoint"], probe=probe)
     try:
         canonical = _core.device_name(name.strip())
     except RuntimeError as e:
@@ -159,12 +189,12 @@ def buffer_type_address(name: str) -> int:
     ("CPU_REPACK", "CPU_REPACK_DUAL": _core.cpu_layouts()) (integer address, for ctypes)."""
     if name in _core.cpu_layouts():
         return int(_core.buffer_type_address(name))
-    return int(_core.buffer_type_address(resolve(name).name))
+    return int(_core.buffer_type_address(resolve(name, probe=False).name))
 
 
 def device_address(name: str) -> int:
     """ggml_backend_dev_t of a device (integer address, for ctypes)."""
-    return int(_core.device_address(resolve(name).name))
+    return int(_core.device_address(resolve(name, probe=False).name))
 
 
 # --- CLI ------------------------------------------------------------------------------------

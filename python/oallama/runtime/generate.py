@@ -21,6 +21,7 @@ from ..errors import PlacementError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, option
 from . import planfile
+from .rpc import RPC_TIMEOUT_S
 
 
 @dataclass
@@ -158,6 +159,8 @@ class RunOptions:
     ubatch: int = option(512, help="llama.cpp's n_ubatch")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
     rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
+    rpc_timeout: float = option(RPC_TIMEOUT_S, minimum=0, help="seconds an rpc-server may take to answer before it counts "
+                                "as hung (0: wait forever)")
     prompt: str = option("The quick brown fox", short="-p", help="the prompt")
     n: int = option(32, flag="-n", help="tokens to generate")
     ctx: int = option(512, help="context length")
@@ -199,7 +202,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             devices = None
         llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
                     n_threads=args.threads, n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose,
-                    **plan_kw)
+                    rpc_timeout=args.rpc_timeout, **plan_kw)
         if llm.plan is not None:
             pred = llm.plan["predicted"]
             where = (f"for a {llm.plan['budget']['request']} budget on {llm.plan['accelerator']}"

@@ -16,6 +16,12 @@ Every constructor argument and method of `llama_cpp.Llama` works unchanged. New 
     layouts=    host weight -> layout: "CPU" (plain), "CPU_REPACK" or "CPU_REPACK_DUAL" (both; matmuls
                 below dual_max_batch= columns use the repacked copy). With layouts, llama.cpp's own
                 repacking is off: weights not named are plain. A plan file may carry them.
+    rpc_timeout= seconds any one send/receive to an rpc-server may take (process-wide; default
+                devices.RPC_TIMEOUT_S, 0: wait forever). A server that dies, hangs or drops the
+                connection raises RpcServerError naming it, from the load or the decode it broke;
+                close this Llama then, and the next load connects afresh.
+    load_progress= called with the load's progress (0..1) as llama.cpp reads weights; returning
+                False cancels the load (ModelFileError).
 
     >>> llm = Llama("m.gguf", gpu_budget="50%", placement="optimal")   # profile, plan, load
     >>> llm.plan["predicted"]["tpot_ms"]
@@ -32,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,14 +110,37 @@ class _NativeLoadParams:
 _params_hook_lock = threading.RLock()
 
 
+class _LoadProgress:
+    """llama_model_params.progress_callback calling a Python function; an exception it raises
+    cancels the load and is re-raised by the caller (`error`)."""
+
+    def __init__(self, fn: Callable[[float], bool | None]) -> None:
+        self.error: BaseException | None = None
+
+        def call(progress: float, _user_data: ctypes.c_void_p) -> bool:
+            try:
+                return fn(float(progress)) is not False
+            except BaseException as e:  # ctypes would swallow it: re-raised after the load
+                self.error = e
+                return False
+
+        self.callback = _C.llama_progress_callback(call)  # alive as long as this object
+
+    def apply(self, params: _C.llama_model_params) -> None:
+        params.progress_callback = self.callback
+        params.progress_callback_user_data = None
+
+
 @contextlib.contextmanager
-def _model_params_hook(native: _NativeLoadParams | None) -> Iterator[None]:
+def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None) -> Iterator[None]:
     """Have llama_cpp.Llama.__init__ build its llama_model_params with our fields set.
 
-    Llama.__init__ starts from llama_model_default_params() and never touches `devices` or
-    `tensor_buft_overrides`; wrapping that one call is the least intrusive way in.
+    Llama.__init__ starts from llama_model_default_params() and never touches `devices`,
+    `tensor_buft_overrides` or the progress callback; wrapping that one call is the least
+    intrusive way in.
     """
-    if native is None:
+    active = [h for h in hooks if h is not None]
+    if not active:
         yield
         return
     with _params_hook_lock:
@@ -119,7 +148,8 @@ def _model_params_hook(native: _NativeLoadParams | None) -> Iterator[None]:
 
         def patched() -> _C.llama_model_params:
             params = original()
-            native.apply(params)
+            for h in active:
+                h.apply(params)
             return params
 
         _C.llama_model_default_params = patched
@@ -127,6 +157,19 @@ def _model_params_hook(native: _NativeLoadParams | None) -> Iterator[None]:
             yield
         finally:
             _C.llama_model_default_params = original
+
+
+def _rpc_error(failed: Sequence[str], doing: str, model_path: str) -> RpcServerError:
+    then = ("the load was undone" if doing == "loading"
+            else "close this model; the next load connects afresh")
+    return RpcServerError(f"rpc-server {', '.join(failed)} failed while {doing} {model_path}: it died, hung past "
+                          f"the rpc timeout or dropped the connection; {then}")
+
+
+def _rpc_endpoints(spec: place.LoadSpec) -> list[str]:
+    """Endpoints of the rpc-servers a load uses (its devices and override targets), in order."""
+    names = [*(spec.devices or []), *(dev for _, dev in spec.overrides), *spec.assignment.values()]
+    return list(dict.fromkeys(ep for n in names if (ep := devmod.rpc_endpoint(n)) is not None))
 
 
 def _trim(shape: Sequence[int]) -> tuple[int, ...]:
@@ -184,7 +227,11 @@ class Llama(llama_cpp.Llama):
                  placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
                  device: str | None = None, workload: Any = None, profile: Any = None,
                  layouts: Mapping[str, str] | None = None, dual_max_batch: int | None = None,
-                 host_budget: str | int | None = None, **kwargs: Any) -> None:
+                 host_budget: str | int | None = None, rpc_timeout: float | None = None,
+                 load_progress: Callable[[float], bool | None] | None = None, **kwargs: Any) -> None:
+        self._rpc_endpoints: list[str] = []
+        if rpc_timeout is not None:
+            devmod.set_rpc_timeout(rpc_timeout)
         self.model_info = gguf_file.check_model(model_path, vocab_only=bool(kwargs.get("vocab_only")))
         req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile,
                        host_budget)
@@ -212,6 +259,11 @@ class Llama(llama_cpp.Llama):
             raise PlacementError("dual layouts (CPU_REPACK_DUAL) need use_mmap=True")
         self.plan: dict[str, Any] | None = req.plan
         self.load_spec: place.LoadSpec | None = None
+        named = [*(devices or []), *(req.assignment or {}).values()]
+        if stale := devmod.failed_rpc_endpoints(dict.fromkeys(filter(None, map(devmod.rpc_endpoint, named)))):
+            # before any connection is probed or anything allocated
+            raise RpcServerError(f"the connection to rpc-server {', '.join(stale)} failed earlier and a model "
+                                 f"loaded on it is still open: close that model first ({model_path} not loaded)")
         self._native_load_params: _NativeLoadParams | None = None
         if devices is not None or req.assignment is not None or req.raw_overrides or req.layouts:
             try:
@@ -223,31 +275,65 @@ class Llama(llama_cpp.Llama):
                     raise
                 raise type(e)(f"{placement}: {e}") from None  # a plan file's device that is not here
             self._native_load_params = _NativeLoadParams(self.load_spec)
+            self._rpc_endpoints = _rpc_endpoints(self.load_spec)
             if self.load_spec.dual_max_batch > 0:
                 _core.cpu_set_dual_max_batch(self.load_spec.dual_max_batch)  # process-wide (patch 0006)
-        with _model_params_hook(self._native_load_params):
+        progress = _LoadProgress(load_progress) if load_progress is not None else None
+        with _model_params_hook(self._native_load_params, progress):
             try:
                 super().__init__(model_path, *args, **kwargs)
             except jinja2.TemplateError as e:  # llama_cpp compiles the GGUF's chat templates
                 raise ModelFileError(f"{model_path}: a chat template in the model (tokenizer.chat_template) is "
                                      f"not valid Jinja: {e}") from None
             except ValueError as e:
+                if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):  # a server lost mid-load
+                    self.close()  # frees what was loaded, and with it the failed connection
+                    raise _rpc_error(failed, "loading", model_path) from None
                 # llama_cpp's "Failed to load model from file: PATH": llama.cpp refused a file that
                 # oallama's header checks let through (its reason is in llama.cpp's log)
                 if isinstance(e, OallamaError) or not str(e).startswith("Failed to load model"):
                     raise
+                if progress is not None and progress.error is not None:
+                    raise progress.error from None
+                if progress is not None:
+                    raise ModelFileError(f"{model_path}: the load was cancelled (load_progress returned False)") \
+                        from None
                 raise ModelFileError(f"{model_path}: llama.cpp refused the model (its log, with verbose=True, "
                                      f"says why): {e}") from None
         # typed handles, taken once from llama-cpp-python's owners (Llama._model / Llama._ctx, its
         # _internals wrappers): they keep the owners alive and raise ClosedError after close()
         self._native_model: _core.Model | None = _core.Model(self._model)
         self._native_context: _core.Context | None = _core.Context(self._ctx)
+        if self._rpc_endpoints:
+            _C.llama_synchronize(self._ctx.ctx)  # the servers' queued work has run (or failed)
+            if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):
+                self.close()
+                raise _rpc_error(failed, "loading", model_path)
+            # every decode (eval, generate, embed, the server's) goes through this context's decode
+            self._ctx.decode = self._checked_decode  # type: ignore[method-assign]
         if req.offload_policy:
             try:
                 _core.set_offload_policy(self.native_context, req.offload_policy)
             except RuntimeError as e:
                 self.close()
                 raise PlanError(str(e)) from None
+
+    def _raise_if_rpc_failed(self, doing: str, sync: bool = False) -> None:
+        """RpcServerError naming the rpc-server(s) of this model whose connection failed."""
+        if not self._rpc_endpoints:
+            return
+        if sync:
+            _C.llama_synchronize(self._ctx.ctx)  # the servers' queued work has run (or failed)
+        if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):
+            raise _rpc_error(failed, doing, self.model_path)
+
+    def _checked_decode(self, batch: Any) -> None:
+        try:
+            type(self._ctx).decode(self._ctx, batch)  # llama_cpp's: RuntimeError on a non-zero return
+        except RuntimeError:
+            self._raise_if_rpc_failed("decoding")  # from None would hide llama_decode's code: keep it
+            raise
+        self._raise_if_rpc_failed("decoding", sync=True)
 
     def close(self) -> None:
         # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then

@@ -20,9 +20,10 @@ host memory.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import PlacementError
@@ -161,23 +162,25 @@ def layer_weights(names: Iterable[str], n_gpu_layers: int, n_layer: int) -> set[
     return out
 
 
-def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int) -> dict[str, str]:
+def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int,
+             resolve: Callable[[str], devmod.Device] = devmod.resolve) -> dict[str, str]:
     """The entries of `assignment` that need an override: all but the host weights that llama.cpp's
     n_gpu_layers keeps on the host anyway. Those are left to llama.cpp, so they keep the host
     layout it picks (repacked for the CPU's kernels, or a GPU's pinned host memory), which is the
     layout the profile times; an override to the CPU would force plain memory."""
     on_gpu = layer_weights(assignment, n_gpu_layers, n_layer)
-    return {w: d for w, d in assignment.items() if w in on_gpu or not devmod.resolve(d).is_host}
+    return {w: d for w, d in assignment.items() if w in on_gpu or not resolve(d).is_host}
 
 
-def layout_overrides(layouts: Mapping[str, str], assignment: Mapping[str, str]) -> list[tuple[str, str]]:
+def layout_overrides(layouts: Mapping[str, str], assignment: Mapping[str, str],
+                     resolve: Callable[[str], devmod.Device] = devmod.resolve) -> list[tuple[str, str]]:
     """(pattern, layout) for every weight whose layout is not plain (the load turns repacking off);
     refuses unknown layouts and weights the assignment puts on an accelerator."""
     for w, lay in layouts.items():
         if lay not in HOST_LAYOUT_NAMES:
             raise PlacementError(f"layout of '{w}' is {lay!r}: choose one of {', '.join(HOST_LAYOUT_NAMES)}")
         dev = assignment.get(w)
-        if dev is not None and not devmod.resolve(dev).is_host:
+        if dev is not None and not resolve(dev).is_host:
             raise PlacementError(f"'{w}' has a host layout ({lay}) but the placement puts it on {dev}")
     return compile_patterns({w: lay for w, lay in layouts.items() if lay != PLAIN_LAYOUT})
 
@@ -202,15 +205,18 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
     the entries `explicit` keeps: llama.cpp's own n_gpu_layers placement does the rest).
     raw_overrides: (regex, device) patterns used as they are (e.g. llama.cpp's own fit's);
     layouts: host weight -> layout (HOST_LAYOUT_NAMES), see layout_overrides."""
-    requested = [devmod.resolve(d) for d in devices] if devices is not None else None
+    # each device name resolved (and an rpc-server probed) once per load, not once per weight: an
+    # rpc-server accepts one connection at a time, and a burst of probes waits on SYN retries
+    resolve = functools.cache(devmod.resolve)
+    requested = [resolve(d) for d in devices] if devices is not None else None
     assignment: dict[str, str] = {}
     for name, dev in (placement or {}).items():
         if not isinstance(name, str) or not isinstance(dev, str):
             raise PlacementError(f"placement entries must be str -> str, got {name!r} -> {dev!r}")
-        assignment[name] = devmod.resolve(dev).name
+        assignment[name] = resolve(dev).name
     _check_names(assignment, model)
 
-    used = [devmod.resolve(d) for d in dict.fromkeys(assignment.values())]
+    used = [resolve(d) for d in dict.fromkeys(assignment.values())]
     accel: list[devmod.Device] | None
     if requested is not None:
         allowed = {d.name for d in requested}
@@ -226,14 +232,14 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
         accel = None  # llama.cpp's default device selection (all local GPUs)
     names = list(dict.fromkeys(d.name for d in accel)) if accel is not None else None
     buft = {d.name: d.buffer_type for d in [*(accel or []), *used]}
-    raw = [(pat, devmod.resolve(dev).name) for pat, dev in raw_overrides]
+    raw = [(pat, resolve(dev).name) for pat, dev in raw_overrides]
     n_layer = int(model.hparam("block_count", 0) or 0)
     lays = dict(layouts or {})
     _check_names(lays, model)
     if any(lay == "CPU_REPACK_DUAL" for lay in lays.values()) and dual_max_batch < 1:
         raise PlacementError("dual layouts (CPU_REPACK_DUAL) need dual_max_batch >= 1 (the batch from which the "
                              "plain copy is used)")
-    lay_ov = layout_overrides(lays, assignment)
+    lay_ov = layout_overrides(lays, assignment, resolve)
     buft.update({lay: lay for _, lay in lay_ov})
-    return LoadSpec(assignment, names, lay_ov + raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer)),
+    return LoadSpec(assignment, names, lay_ov + raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer, resolve)),
                     buft, lays, dual_max_batch)

@@ -31,6 +31,10 @@ from .. import _libs
 from ..errors import RpcServerError
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# s: the longest any one send/receive to an rpc-server may take before the server counts as hung
+# (devices.set_rpc_timeout). A receive waits while the server computes a ubatch, so this must cover
+# the slowest prefill step of the slowest server.
+RPC_TIMEOUT_S = 300.0
 _live: weakref.WeakSet[RpcServer] = weakref.WeakSet()
 
 

@@ -111,9 +111,10 @@ def serve(opts: ServeOptions) -> int:
     require_server_extra()
     import uvicorn
 
-    from ..runtime import rpc
+    from ..runtime import devices, rpc
     from .app import build_app, placement_lines
 
+    devices.set_rpc_timeout(opts.rpc_timeout)  # bad values fail before the port is bound
     warning = check_exposure(opts)
     if warning:
         log(f"warning: {warning}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import OallamaError
 from ..options import option
+from ..runtime.rpc import RPC_TIMEOUT_S
 
 API_KEY_ENV = "OALLAMA_API_KEY"
 POOLING = ("none", "mean", "cls", "last")  # llama.cpp's pooling types (llama_pooling_type)
@@ -49,6 +50,8 @@ class ServeOptions:
     device: str | None = option(None, help="the accelerator to plan for (default: the first GPU, else --rpc-local's)")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
     rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
+    rpc_timeout: float = option(RPC_TIMEOUT_S, minimum=0, help="seconds an rpc-server may take to answer before it counts "
+                                "as hung and its requests fail (0: wait forever)")
     plan_prompt: int = option(512, help="prompt tokens of the workload a --gpu-budget plan optimises for")
     plan_gen: int = option(128, help="generated tokens of that workload")
     profile: Path | None = option(None, help="profile JSON to plan with (default: measured once, then cached)")
@@ -79,7 +82,7 @@ class ServeOptions:
             self.api_key = os.environ.get(API_KEY_ENV) or None
         for name, value, low in (("--ctx", self.ctx, 1), ("--ubatch", self.ubatch, 1), ("--queue", self.queue, 0),
                                  ("--rpc-threads", self.rpc_threads, 1), ("--plan-prompt", self.plan_prompt, 1),
-                                 ("--plan-gen", self.plan_gen, 1)):
+                                 ("--plan-gen", self.plan_gen, 1), ("--rpc-timeout", self.rpc_timeout, 0)):
             if value < low:
                 raise ServeOptionError(f"{name} {value}: must be at least {low}")
         if self.threads is not None and self.threads < 1:
