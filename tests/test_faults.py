@@ -180,3 +180,19 @@ def test_load_progress_false_cancels_the_load(tiny_q8: Path) -> None:
     with pytest.raises(ModelFileError, match="cancelled"):
         Llama(str(tiny_q8), n_ctx=256, verbose=False, load_progress=progress)
     assert seen and max(seen) >= 0.5
+
+
+def test_a_closed_rpc_model_is_freed(tiny_q8: Path, rpc_server: rpc.RpcServer) -> None:
+    # the decode check hangs on llama_cpp's context, not on the Llama: a cycle through oallama's
+    # native handles (invisible to the GC) kept every closed Llama and its buffers alive (the soak's
+    # loads phase grew 0.7 MiB per load)
+    import gc
+    import weakref
+
+    llm = _load(tiny_q8, rpc_server)
+    assert _generate(llm)
+    ref = weakref.ref(llm)
+    llm.close()
+    del llm
+    gc.collect()
+    assert ref() is None

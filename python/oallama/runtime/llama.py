@@ -166,6 +166,27 @@ def _rpc_error(failed: Sequence[str], doing: str, model_path: str) -> RpcServerE
                           f"the rpc timeout or dropped the connection; {then}")
 
 
+def _check_decodes(ctx: Any, endpoints: Sequence[str], model_path: str) -> None:
+    """Make every decode of llama_cpp's context `ctx` (eval, generate, embed, the server's) raise
+    RpcServerError when one of `endpoints` failed during it. The hook holds the context, never the
+    Llama: a cycle through oallama's native handles (which the GC cannot see into) would keep a
+    closed Llama alive."""
+    decode = type(ctx).decode  # llama_cpp's: RuntimeError on a non-zero return
+
+    def checked(batch: Any) -> None:
+        try:
+            decode(ctx, batch)
+        except RuntimeError:
+            if failed := devmod.failed_rpc_endpoints(endpoints):
+                raise _rpc_error(failed, "decoding", model_path)  # noqa: B904 - keeps llama_decode's code
+            raise
+        _C.llama_synchronize(ctx.ctx)  # the servers' queued work has run (or failed)
+        if failed := devmod.failed_rpc_endpoints(endpoints):
+            raise _rpc_error(failed, "decoding", model_path)
+
+    ctx.decode = checked
+
+
 def _rpc_endpoints(spec: place.LoadSpec) -> list[str]:
     """Endpoints of the rpc-servers a load uses (its devices and override targets), in order."""
     names = [*(spec.devices or []), *(dev for _, dev in spec.overrides), *spec.assignment.values()]
@@ -309,31 +330,13 @@ class Llama(llama_cpp.Llama):
             if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):
                 self.close()
                 raise _rpc_error(failed, "loading", model_path)
-            # every decode (eval, generate, embed, the server's) goes through this context's decode
-            self._ctx.decode = self._checked_decode  # type: ignore[method-assign]
+            _check_decodes(self._ctx, self._rpc_endpoints, model_path)
         if req.offload_policy:
             try:
                 _core.set_offload_policy(self.native_context, req.offload_policy)
             except RuntimeError as e:
                 self.close()
                 raise PlanError(str(e)) from None
-
-    def _raise_if_rpc_failed(self, doing: str, sync: bool = False) -> None:
-        """RpcServerError naming the rpc-server(s) of this model whose connection failed."""
-        if not self._rpc_endpoints:
-            return
-        if sync:
-            _C.llama_synchronize(self._ctx.ctx)  # the servers' queued work has run (or failed)
-        if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):
-            raise _rpc_error(failed, doing, self.model_path)
-
-    def _checked_decode(self, batch: Any) -> None:
-        try:
-            type(self._ctx).decode(self._ctx, batch)  # llama_cpp's: RuntimeError on a non-zero return
-        except RuntimeError:
-            self._raise_if_rpc_failed("decoding")  # from None would hide llama_decode's code: keep it
-            raise
-        self._raise_if_rpc_failed("decoding", sync=True)
 
     def close(self) -> None:
         # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then
