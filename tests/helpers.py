@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,4 +151,72 @@ def load_batch(jobs: list[tuple[Path, dict[str, Any]]], timeout_s: float = 60.0,
         if remaining and started is None:  # died before its first input: a broken environment
             raise RuntimeError(f"load worker exited with {rc} before loading anything:\n{stderr[-2000:]}")
         todo = remaining
+    return out
+
+
+@contextlib.contextmanager
+def stock_server(args: list[str], log: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """oallama's stock llama-server (built from the same patched tree) run with `args` on a free
+    loopback port, its log in `log`; yields its base URL once /health answers."""
+    import subprocess
+    import time
+    import urllib.request
+
+    from oallama import _libs
+
+    port = closed_port()
+    cmd = [str(_libs.tool_path("llama-server")), *args, "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:  # a file, not a pipe: a full pipe would stall the server's logging
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"llama-server exited with {proc.returncode}: "
+                                     f"{log.read_bytes()[-2000:].decode(errors='replace')}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"llama-server not ready in {timeout_s} s: {' '.join(cmd)}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post_json(url: str, doc: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.load(r)
+
+
+def stock_placement(log: str, tensor_names: list[str], n_layer: int) -> dict[str, str]:
+    """weight -> device (or buffer type) of a stock llama.cpp load, from its verbose log: its
+    '-ot' matches ("tensor X (...) buffer type overridden to B"), else its layer's device ("layer N
+    assigned to device D"; the output layer is N = n_layer, the input embedding stays on the CPU)."""
+    import re
+
+    layers = {int(m[1]): m[2] for m in re.finditer(r"layer +(\d+) assigned to device (\S+?),", log)}
+    overridden = {m[1]: m[2] for m in re.finditer(r"tensor (\S+) \(.*?\) buffer type overridden to (\S+)", log)}
+    out = {}
+    for name in tensor_names:
+        if name in overridden:
+            out[name] = overridden[name]
+        elif m := re.match(r"blk\.(\d+)\.", name):
+            out[name] = layers[int(m[1])]
+        else:
+            out[name] = "CPU" if name.startswith("token_embd") else layers[n_layer]
     return out

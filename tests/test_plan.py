@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import sched_model_mismatches
+from helpers import post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner import optimal
 from oallama.planner.calibrate import DeviceCalibration, OpFit
@@ -267,6 +267,35 @@ def test_flow_on_an_rpc_device_matches_cpu(strategy: str, tiny_f16: Path, rpc_se
                                   verbose=False)) as again:
         assert {w for w, d in again.tensor_devices().items() if d == rpc_server.device_name} == on_acc
         assert again.plan == plan
+
+
+@pytest.mark.parametrize("strategy", ["layers", "affinity", "optimal"])
+def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx,
+                                                tmp_path: Path) -> None:
+    """`oallama plan --emit-ot`'s command on oallama's stock llama-server: the weights go where the
+    plan says (read from the server's own load log) and it generates what oallama's load generates."""
+    plan = make_plan(fast_ctx, strategy, "60%")
+    cmd = plan.stock_command()
+    assert cmd[:3] == ["llama-server", "-m", str(tiny_f16)]
+    assert cmd[cmd.index("--rpc") + 1] == rpc_server.endpoint and cmd[cmd.index("--device") + 1] == "RPC0"
+    on_acc = {w for w, d in plan.assignment().items() if d == rpc_server.device_name}
+    assert on_acc, "the favourable profile should put weights on the rpc device"
+    prompt, n = "Once upon a time, in a land far away, there lived", 12
+    settings = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_threads": 1, "flash_attn": False}
+    with contextlib.closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), verbose=False,
+                                  **settings)) as llm:
+        assert {w for w, d in llm.tensor_devices().items() if d == rpc_server.device_name} == on_acc
+        text = llm.create_completion(prompt, max_tokens=n, temperature=0.0, repeat_penalty=1.0)["choices"][0]["text"]
+    # the same command against a fresh rpc-server (the session's serves one client at a time)
+    log = tmp_path / "llama-server.log"
+    with rpc.start_server(threads=1) as other:
+        args = [a.replace(rpc_server.endpoint, other.endpoint) for a in cmd[1:]]
+        with stock_server([*args, "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
+            out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
+                                                  "repeat_penalty": 1.0, "cache_prompt": False})
+    placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), fast_ctx.n_layer)
+    assert {w for w, d in placed.items() if d.startswith("RPC0")} == on_acc
+    assert out["content"] == text
 
 
 def test_plan_file_for_another_model_is_refused(fast_ctx, synth_model, tmp_path: Path) -> None:

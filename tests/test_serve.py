@@ -541,3 +541,28 @@ def test_sigterm_finishes_the_stream_in_flight_and_refuses_the_queue(tiny_q8: Pa
             os.kill(rpc_server.pid, signal.SIGCONT)
             server.stop()
 
+
+
+def test_a_dead_rpc_server_fails_requests_not_the_server(tiny_q8: Path, tmp_path: Path) -> None:
+    # patch 0007: the request that needs the killed rpc-server gets a 500 naming it, /health turns
+    # 503 saying which server failed, and the HTTP server itself keeps running
+    with rpc.start_server(threads=1) as server:
+        plan = _hand_placement(tiny_q8, server.device_name, tmp_path / "placement.json")
+        proc = ServerProcess(tiny_q8, ["--devices", f"CPU,{server.device_name}", "--placement", str(plan),
+                                       "--ctx", "256", "--threads", "1", "--rpc-timeout", "5"], tmp_path / "server.log")
+        try:
+            proc.wait_ready()
+            body = json.dumps({"prompt": "Hello", "max_tokens": 4}).encode()
+            headers = {"Content-Type": "application/json"}
+            assert proc.request("POST", "/v1/completions", body, headers)[0] == 200
+            os.kill(server.pid, signal.SIGKILL)
+            _poll("the rpc-server gone", lambda: not server.alive(), proc)
+            again = json.dumps({"prompt": "Something else entirely", "max_tokens": 4}).encode()
+            status, answer = proc.request("POST", "/v1/completions", again, headers)
+            assert status == 500 and server.endpoint in answer["error"]["message"]
+            status, health = proc.health()
+            assert status == 503 and health["status"] == "rpc_server_failed"
+            assert health["failed_rpc_servers"] == [server.endpoint]
+            assert proc.proc.poll() is None
+        finally:
+            proc.stop()

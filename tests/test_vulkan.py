@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import sched_model_mismatches
+from helpers import post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import Llama, _core
 from oallama.planner.graph import GraphSession
 from oallama.planner.plan import STRATEGIES, Workload, build_context, make_plan
@@ -151,6 +151,33 @@ def test_flow_on_vulkan_matches_cpu(strategy: str, vk: str, tiny_f16: Path, vk_c
     llm.reset()
     assert llm(llm.detokenize(prompt).decode(), max_tokens=12, temperature=0)["choices"][0]["text"] == text
     llm.close()
+
+
+@pytest.mark.parametrize("strategy", ["layers", "optimal"])
+def test_emitted_stock_command_places_as_planned_on_vulkan(strategy: str, vk: str, tiny_f16: Path, vk_ctx,
+                                                          tmp_path: Path) -> None:
+    """`oallama plan --emit-ot`'s command for a GPU-class device on oallama's stock llama-server:
+    the weights go where the plan says (the server's own load log) and, where the plan streams no
+    host weight (stock has no per-weight thresholds), the greedy completion equals oallama's."""
+    from contextlib import closing
+
+    plan = make_plan(vk_ctx, strategy, "60%")
+    cmd = plan.stock_command()
+    assert cmd[:3] == ["llama-server", "-m", str(tiny_f16)] and cmd[cmd.index("--device") + 1] == vk
+    on_acc = {w for w, d in plan.assignment().items() if d == vk}
+    prompt, n = "Once upon a time, in a land far away, there lived", 12
+    with closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), n_ctx=256, n_batch=64,
+                       n_ubatch=64, n_threads=1, flash_attn=False, verbose=False)) as llm:
+        assert {w for w, d in llm.tensor_devices().items() if d == vk} == on_acc
+        text = llm.create_completion(prompt, max_tokens=n, temperature=0.0, repeat_penalty=1.0)["choices"][0]["text"]
+    log = tmp_path / "llama-server.log"
+    with stock_server([*cmd[1:], "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
+        out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
+                                              "repeat_penalty": 1.0, "cache_prompt": False})
+    placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), vk_ctx.n_layer)
+    assert {w for w, d in placed.items() if d.startswith(vk)} == on_acc
+    if not any(b <= len(prompt) for b in plan.offload_policy().values()):  # the same ops on the same devices
+        assert out["content"] == text
 
 
 def test_calibration_times_the_real_graph_on_vulkan(vk: str, tiny_f16: Path, vk_ctx) -> None:

@@ -130,13 +130,30 @@ class Plan:
         args = ["-ngl", str(self.n_gpu_layers)]
         if not self.stock_layers and self.accelerator:
             spec = self.load_spec()
-            args += place.LoadSpec(spec.assignment, spec.devices, [o for o in spec.overrides
-                                                                   if o[1] not in place.HOST_LAYOUT_NAMES],
+            # device overrides only: stock -ot cannot choose host layouts (stock_layouts below). Not
+            # "every target but a layout name": the plain layout is called "CPU" like the device, and
+            # dropping a weight's "=CPU" would let -ngl put it on the accelerator
+            layout_ov = set(place.layout_overrides(dict(self.placement.layouts), {}))
+            args += place.LoadSpec(spec.assignment, spec.devices, [o for o in spec.overrides if o not in layout_ov],
                                    spec.buffer_types).ot_arguments()
         args += self.stock_layouts() or []
         if self.strategy == "flexgen":
             args += ["--op-offload"]  # and GGML_OP_OFFLOAD_MIN_BATCH=1 in the environment
         return args
+
+    def stock_command(self, binary: str = "llama-server") -> list[str]:
+        """The whole stock llama.cpp command line loading the model with this placement: the model,
+        the accelerator as stock names it (an rpc-server: `--rpc host:port --device RPC0`), then
+        `emit_args`."""
+        cmd = [binary, "-m", str(self.model.get("path", "MODEL.gguf"))]
+        if self.accelerator:
+            ep = devmod.rpc_endpoint(self.accelerator)
+            if ep is not None:  # stock numbers one server's devices RPC0, RPC1, ... ("RPC[ep]#1": RPC1)
+                index = self.accelerator.rpartition("#")[2] if "#" in self.accelerator else "0"
+                cmd += ["--rpc", ep, "--device", f"RPC{index}"]
+            else:
+                cmd += ["--device", self.accelerator]  # ggml's own name (CUDA0, Vulkan0)
+        return cmd + self.emit_args()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "strategy": self.strategy, "model": self.model, "devices": self.devices,
@@ -387,8 +404,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(f"optimal: {'proven optimal' if gap <= 1e-6 else f'best found, within {gap:.1%} of optimal'} "
                   f"(HiGHS, {opt.get('solve_seconds_total', 0.0):.1f} s; raise the limit with --time-limit)")
         if o.emit_ot:
-            print("\nstock llama.cpp equivalent of the weight placement:")
-            print(" ".join(_shell_quote(a) for a in chosen.emit_args()))
+            print("\nstock llama.cpp equivalent of the weight placement (llama-cli takes the same arguments):")
+            print(" ".join(_shell_quote(a) for a in chosen.stock_command()))
             if chosen.offload_policy():
                 print("# per-tensor streaming thresholds need oallama (stock llama.cpp has one global "
                       "GGML_OP_OFFLOAD_MIN_BATCH)")

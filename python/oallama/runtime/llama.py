@@ -338,6 +338,11 @@ class Llama(llama_cpp.Llama):
                 self.close()
                 raise PlanError(str(e)) from None
 
+    def failed_rpc_servers(self) -> list[str]:
+        """Endpoints of this model's rpc-servers whose connection failed: non-empty, the model
+        cannot decode any more (close it and load again)."""
+        return devmod.failed_rpc_endpoints(self._rpc_endpoints)
+
     def close(self) -> None:
         # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then
         if hasattr(self, "_stack"):

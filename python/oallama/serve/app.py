@@ -268,8 +268,10 @@ def build_app(opts: ServeOptions, *, rpc_device: str | None = None) -> ServedApp
     @app.get("/health", tags=["oallama"], summary="Liveness and queue")
     async def health() -> JSONResponse:
         state = admission.snapshot()
-        body = {"status": "shutting_down" if admission.closing else "ok", "model": alias, **state}
-        return JSONResponse(body, status_code=503 if admission.closing else 200)
+        failed = proxy.model.failed_rpc_servers()  # the model cannot decode: say so, not "ok"
+        status = "shutting_down" if admission.closing else "rpc_server_failed" if failed else "ok"
+        body = {"status": status, "model": alias, **state, **({"failed_rpc_servers": failed} if failed else {})}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/placement", tags=["oallama"], summary="Where the model's weights are, and the plan",
              dependencies=[Depends(upstream_app.authenticate)])
