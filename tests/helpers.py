@@ -220,3 +220,14 @@ def stock_placement(log: str, tensor_names: list[str], n_layer: int) -> dict[str
         else:
             out[name] = "CPU" if name.startswith("token_embd") else layers[n_layer]
     return out
+
+
+def greedy_tokens(llm: Any, prompt: str, n: int) -> list[int]:
+    """The first `n` greedily generated token ids after `prompt` (with BOS), as llama-server's
+    /completion returns them with "return_tokens" (text would differ at a split UTF-8 character)."""
+    out: list[int] = []
+    for tok in llm.generate(llm.tokenize(prompt.encode(), add_bos=True), temp=0.0, repeat_penalty=1.0):
+        if tok == llm.token_eos() or len(out) == n:
+            break
+        out.append(tok)
+    return out

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
+from helpers import greedy_tokens, post_json, stock_placement, stock_server
 from oallama import cluster as D
 from oallama.cluster import solver as distsolve
 from oallama.errors import InfeasiblePlanError, PlanError
@@ -386,6 +387,44 @@ def test_cli_distribute_writes_plan_and_emits(tiny_q8: Path, devices_file: Path,
     emitted = [line for line in r.stdout.splitlines() if line.startswith("llama-server ")]
     assert emitted and "--rpc" in emitted[0]
     assert json.loads(out.read_text())["schema"] == D.PLAN_SCHEMA
+
+
+def test_emitted_command_runs_on_a_stock_llama_server(tiny_q8: Path, devices_file: Path, tmp_path: Path) -> None:
+    """`oallama distribute --emit` on oallama's stock llama-server with two rpc-servers: every weight
+    on the device the plan says (the server's own load log), the greedy completion oallama's."""
+    from oallama.runtime import rpc
+
+    plan = D.plan_model(tiny_q8, D.read_devices(devices_file), D.DistOptions(n_prompt=16, n_gen=4, n_ctx=256))
+    cmd = plan.emit()
+    eps = cmd[cmd.index("--rpc") + 1].split(",")
+    assert len(eps) == 2
+    prompt, n = "The quick brown fox jumps over", 8
+    llm = D.load(plan, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, flash_attn=False, verbose=False)
+    try:
+        want = greedy_tokens(llm, prompt, n)
+    finally:
+        llm.close()
+    log = tmp_path / "llama-server.log"
+    with rpc.start_server(threads=1) as a, rpc.start_server(threads=1) as b:  # fresh: one client each
+        new = dict(zip(eps, [a.endpoint, b.endpoint], strict=True))
+        args = cmd[1:]
+        for old, fresh in new.items():
+            args = [x.replace(old, fresh) for x in args]
+        with stock_server([*args, "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
+            out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
+                                                  "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True})
+        fresh_eps = [a.endpoint, b.endpoint]
+    placed = stock_placement(log.read_text(errors="replace"), list(plan.placement()), plan.cost.n_blocks)
+
+    def ours(dev: str) -> str:  # stock names -> the plan's: "RPC0[fresh ep]", "RPC1" (the second --rpc)
+        if dev.startswith("RPC") and "[" in dev:
+            return f"RPC[{eps[fresh_eps.index(dev[dev.index('[') + 1:-1])]}]"
+        if dev.startswith("RPC"):
+            return f"RPC[{eps[int(dev[3:])]}]"
+        return "CPU" if dev.startswith("CPU") else dev
+
+    assert {w: ours(d) for w, d in placed.items()} == plan.placement()
+    assert out["tokens"] == want
 
 
 def test_cli_infeasible_names_the_constraint(tiny_q8: Path, devices_file: Path, tmp_path: Path) -> None:

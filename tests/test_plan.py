@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import post_json, sched_model_mismatches, stock_placement, stock_server
+from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner import optimal
 from oallama.planner.calibrate import DeviceCalibration, OpFit
@@ -285,17 +285,17 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     with contextlib.closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), verbose=False,
                                   **settings)) as llm:
         assert {w for w, d in llm.tensor_devices().items() if d == rpc_server.device_name} == on_acc
-        text = llm.create_completion(prompt, max_tokens=n, temperature=0.0, repeat_penalty=1.0)["choices"][0]["text"]
+        want = greedy_tokens(llm, prompt, n)
     # the same command against a fresh rpc-server (the session's serves one client at a time)
     log = tmp_path / "llama-server.log"
     with rpc.start_server(threads=1) as other:
         args = [a.replace(rpc_server.endpoint, other.endpoint) for a in cmd[1:]]
         with stock_server([*args, "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
             out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
-                                                  "repeat_penalty": 1.0, "cache_prompt": False})
+                                                  "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True})
     placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), fast_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith("RPC0")} == on_acc
-    assert out["content"] == text
+    assert out["tokens"] == want
 
 
 def test_plan_file_for_another_model_is_refused(fast_ctx, synth_model, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import post_json, sched_model_mismatches, stock_placement, stock_server
+from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import Llama, _core
 from oallama.planner.graph import GraphSession
 from oallama.planner.plan import STRATEGIES, Workload, build_context, make_plan
@@ -169,15 +169,15 @@ def test_emitted_stock_command_places_as_planned_on_vulkan(strategy: str, vk: st
     with closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), n_ctx=256, n_batch=64,
                        n_ubatch=64, n_threads=1, flash_attn=False, verbose=False)) as llm:
         assert {w for w, d in llm.tensor_devices().items() if d == vk} == on_acc
-        text = llm.create_completion(prompt, max_tokens=n, temperature=0.0, repeat_penalty=1.0)["choices"][0]["text"]
+        want = greedy_tokens(llm, prompt, n)
     log = tmp_path / "llama-server.log"
     with stock_server([*cmd[1:], "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
         out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
-                                              "repeat_penalty": 1.0, "cache_prompt": False})
+                                              "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True})
     placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), vk_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith(vk)} == on_acc
     if not any(b <= len(prompt) for b in plan.offload_policy().values()):  # the same ops on the same devices
-        assert out["content"] == text
+        assert out["tokens"] == want
 
 
 def test_calibration_times_the_real_graph_on_vulkan(vk: str, tiny_f16: Path, vk_ctx) -> None:
