@@ -269,7 +269,7 @@ def test_flow_on_an_rpc_device_matches_cpu(strategy: str, tiny_f16: Path, rpc_se
         assert again.plan == plan
 
 
-@pytest.mark.parametrize("strategy", ["layers", "affinity", "optimal"])
+@pytest.mark.parametrize("strategy", ["layers", "affinity", "optimal", "fit"])
 def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx,
                                                 tmp_path: Path) -> None:
     """`oallama plan --emit-ot`'s command on oallama's stock llama-server: the weights go where the

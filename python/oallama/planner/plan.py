@@ -286,7 +286,8 @@ class PlanOptions:
     device: str | None = option(None, help="the accelerator", default_help="the first GPU")
     rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
     rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
-    strategy: str = option("optimal", choices=STRATEGIES, help="the plan to show and write")
+    strategy: str = option("optimal", choices=STRATEGIES + BASELINES, help="the plan to show and write (a "
+                           "baseline - fit, flexgen, n-cpu-moe - is planned only when asked for)")
     workload: Workload = group(Workload)
     threads: int | None = option(None, minimum=1, help="CPU threads", default_help="the profiler's")
     profile: Path | None = option(None, help="use this profile JSON instead of measuring (or the cache)")
@@ -364,7 +365,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         prof = Profile.load(o.profile) if o.profile else None
         ctx = build_context(o.model, acc, wl, profile=prof, threads=o.threads, progress=o.progress)
         plans: dict[str, Plan] = {}
-        for s in (("layers", "optimal") if cpu_only else STRATEGIES):
+        order = ("layers", "optimal") if cpu_only else STRATEGIES
+        if o.strategy not in order:  # a baseline: compared only when asked for
+            order = (*order, o.strategy)
+        for s in order:
             plans[s] = make_plan(ctx, s, o.gpu_budget, candidates=list(plans.values()), time_limit=o.time_limit,
                                  host_budget=o.host_budget)
         chosen = plans[o.strategy] if o.strategy in plans else plans["optimal"]
@@ -393,10 +397,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   f"(repacked copy below {lay_choice['dual_max_batch']} tokens per batch)")
         elif o.host_budget is None and chosen.placement.layouts:
             print("dual layouts: off (give --host-budget to let weights keep both layouts)")
-        opt = plans["optimal"].extra
-        if not cpu_only and opt.get("winner") == "host":
+        opt = plans["optimal"].extra if chosen.strategy == "optimal" else {}  # the solver's account, when shown
+        if not cpu_only and opt and opt.get("winner") == "host":
             print("optimal: the solver found no placement within the budget; every weight stays on the host")
-        elif not cpu_only and opt.get("winner") != "solver":
+        elif not cpu_only and opt and opt.get("winner") != "solver":
             print(f"optimal: the solver found no placement that fits and is predicted faster than "
                   f"'{opt['winner']}'; keeping it")
         elif not cpu_only and opt.get("solver_status"):
