@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Benchmark: the all-reduces alone (tree, ring, star) on emulated hosts, message sizes 4 KiB-16 MiB.
+
+Hosts are network namespaces on a private bridge with shaped links (scripts/netns_hosts.py); the
+ranks are `oallama.collective.launch` workers (`collective.selftest`). Per link rate and topology
+(2 hosts x 2 ranks: the seed's setting; 2 hosts x 1 rank: no intra-host stage, and no more ranks
+than this 2-core machine has cores), the whole self-test runs --reps times; the table gives the
+median over repetitions of each run's mean seconds per call. Needs root (namespaces, tc).
+
+    sudo .venv/bin/python scripts/bench_allreduce.py [--rates 1gbit,100mbit] [--reps 2] [-o DIR]
+
+Writes DIR/allreduce.json (every run, machine, commit, load averages), allreduce.csv, README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import netns_hosts
+from oallama import collective as C
+
+SIZES = [1024, 3072, 32768, 262144, 1048576, 4194304]  # float32 elements: 4 KiB, 12 KiB (n_embd 3072) ... 16 MiB
+
+
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent)
+    return r.stdout.strip() or "unknown"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="1gbit,100mbit")
+    ap.add_argument("--topologies", default="2x2,2x1", help="HOSTSxRANKS, comma-separated")
+    ap.add_argument("--delay-ms", type=float, default=0.2, help="one-way delay (applied only with netem)")
+    ap.add_argument("--iters", type=int, default=10, help="calls per size and algorithm in one run")
+    ap.add_argument("--reps", type=int, default=2, help="runs per rate and topology")
+    ap.add_argument("--raw-dir", default="build/bench-allreduce-raw")
+    ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-allreduce"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    chk = netns_hosts.check()
+    if not all(chk.get(k) is True for k in ("ip_netns", "veth", "tc_tbf")):
+        sys.exit(f"bench_allreduce: needs network namespaces, veth and tc tbf (root): {chk}")
+    runs: list[dict[str, Any]] = []
+    for rate in args.rates.split(","):
+        for tspec in args.topologies.split(","):
+            n_hosts, per = (int(x) for x in tspec.split("x"))
+            topo = C.Topology.uniform(n_hosts, per)
+            for rep in range(args.reps):
+                hosts = netns_hosts.Hosts(n_hosts, netns_hosts.LinkOptions(rate=rate, delay_ms=args.delay_ms))
+                hosts.up()
+                load0 = os.getloadavg()[0]
+                try:
+                    out = Path(args.raw_dir) / f"{rate}-{tspec}-{rep}"
+                    rank = C.selftest(topo, out, sizes=",".join(map(str, SIZES)), iters=args.iters, count_n=3072,
+                                      check_sizes="1000", timeout_s=1200, netns=hosts.namespaces,
+                                      ifnames=hosts.ifnames, master_addr=hosts.addrs[0])[0]
+                    shaping = hosts.shaping
+                finally:
+                    hosts.down()
+                row = {"rate": rate, "topology": tspec, "rep": rep, "shaping": shaping, "load_avg_start": load0,
+                       "load_avg_end": os.getloadavg()[0],
+                       "intra": {a: rank["algorithms"][a]["intra"] for a in C.ALGORITHMS},
+                       "seconds_per_call": {a: {int(k): v for k, v in rank["algorithms"][a]["seconds_per_call"].items()}
+                                            for a in C.ALGORITHMS}}
+                runs.append(row)
+                print(json.dumps({k: row[k] for k in ("rate", "topology", "rep", "load_avg_start")}), file=sys.stderr)
+    doc = {"schema": "oallama.bench-allreduce/1", "commit": _commit(), "date": str(date.today()),
+           "device": {"machine": platform.node(), "cpu_count": os.cpu_count()}, "netns_check": chk,
+           "settings": {"sizes_elements": SIZES, "iters": args.iters, "reps": args.reps, "delay_ms": args.delay_ms},
+           "runs": runs}
+    (args.out / "allreduce.json").write_text(json.dumps(doc, indent=1))
+    rows = []
+    for rate in args.rates.split(","):
+        for tspec in args.topologies.split(","):
+            rs = [r for r in runs if r["rate"] == rate and r["topology"] == tspec]
+            for n in SIZES:
+                med = {a: statistics.median(r["seconds_per_call"][a][n] for r in rs) * 1e3 for a in C.ALGORITHMS}
+                rows.append({"rate": rate, "topology": tspec, "elements": n, "bytes": 4 * n,
+                             **{f"{a}_ms": round(v, 3) for a, v in med.items()},
+                             "tree_vs_star": round(med["tree"] / med["star"], 3),
+                             "tree_vs_ring": round(med["tree"] / med["ring"], 3),
+                             "load_avg_max": round(max(max(r["load_avg_start"], r["load_avg_end"]) for r in rs), 2)})
+    with (args.out / "allreduce.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["| rate | hosts x ranks | message | tree ms | ring ms | star ms | tree / star | tree / ring |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        size = f"{r['bytes'] // 1024} KiB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MiB"
+        lines.append(f"| {r['rate']} | {r['topology']} | {size} | {r['tree_ms']:.2f} | {r['ring_ms']:.2f} | "
+                     f"{r['star_ms']:.2f} | {r['tree_vs_star']:.2f} | {r['tree_vs_ring']:.2f} |")
+    (args.out / "allreduce.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"commit {doc['commit'][:9]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
