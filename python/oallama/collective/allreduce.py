@@ -297,6 +297,12 @@ class Collective:
         if self._cuda is not None:
             raise CollectiveError("device='cuda': use all_reduce_cuda(tensor) for CUDA tensors")
         lms, is_lm = self.topo.local_masters, self.rank == self.lm
+        if len(self.local_ranks) == 1:  # alone on its host: no intra-host stage, only (2)-(3), in
+            # the chunks the other hosts' segments take (the same slot size everywhere)
+            cap = int(self.shm.capacity) if self.shm is not None else max(flat.size, 1)
+            for c0 in range(0, max(flat.size, 1), cap) if len(lms) > 1 else ():
+                self._inter_host(flat[c0 : c0 + cap], up, down)
+            return
         if self.shm is None:  # intra-host stage over the transport (p2p to/from the LM)
             if up:
                 self._gather_sum(flat, self.lm, self.local_ranks, self.host_group)
