@@ -7,7 +7,7 @@
 #   scripts/gpu_eval.sh synth  [--max-minutes 9]  (GPU) llama3-8b, qwq-32b, minicpm3-4b Q4_K_M
 #   scripts/gpu_eval.sh run    [--max-minutes 9]  (GPU) the grid, resumable; stops cleanly in time
 #   scripts/gpu_eval.sh report                    results -> JSON/CSV/MD/PNG + the README table
-#   scripts/gpu_eval.sh all    [--max-minutes 9]  build (synth beside it) + gputest + synth + run as far
+#   scripts/gpu_eval.sh all    [--max-minutes 9]  build + gputest + synth + run as far
 #                                                 as time allows, report
 #   scripts/gpu_eval.sh export [TARBALL]          results + profiles -> $OUT/gpu-eval-results.tgz
 #   scripts/gpu_eval.sh import TARBALL            (here) unpack an exported tarball
@@ -40,11 +40,14 @@
 #              tool copies back. If the machine was given back in between, first unpack the
 #              last tarball here (step 3) and carry its state too: carry=["build/gpu-carry",
 #              "bench/results/<dir>/raw", "build/oallama-cache", "build/gpu-eval-outdir"] (the
-#              rest of bench/results/<dir> travels as untracked files); the rebuild (293 s on
-#              an H100 machine's 16 cores, with the models written beside it) then happens again.
+#              rest of bench/results/<dir> travels as untracked files); the rebuild (268-293 s on
+#              an H100 machine's 16 cores) then happens again.
 #              The machine goes back 30 s after a call ends: issue the next call at once.
 #              First run (2026-11-22, bench/results/2026-11-22-h100): build + GPU tests + 17
-#              configurations of stage 1 in three calls and 26 minutes of device time.
+#              configurations of stage 1 in three calls and 26 minutes of device time. Second
+#              (bench/results/2026-11-22-h100-calibrated, GPU_EVAL_TESTS=0, GPU_EVAL_REPS=3,
+#              GPU_EVAL_ONLY="llama3-8b qwen3-30b-a3b minicpm3-4b"): build, 3 models' calibrated
+#              profiles and 73 configurations (stage 1 and part of the sweep) in four calls, 28 min.
 #              Budget: the full grid below is several hundred configurations, far more than one session's
 #              30 minutes of device time; stages run in order of importance (1. end-to-end at
 #              prompt 64 / gen 32 for every model, 2. the TTFT/TPOT sweeps, 3. op offload off),
@@ -229,6 +232,8 @@ step_build() {
     $PY -c "import oallama._core as c; assert c.have_cuda, 'built without CUDA'; from oallama.runtime import devices; print([d.name for d in devices.list_devices()])" >&2 \
         || die "the CUDA build does not import or sees no device"
     touch build/gpu-build.ok
+    # what the script's start does on later calls (numpy before libllama-common crashes there)
+    export LD_PRELOAD="$root/$SITE/oallama/lib/libllama-common.so"
     say "CUDA build done in $(( $(date +%s) - t0 )) s"
 }
 
@@ -401,14 +406,8 @@ case "$STEP" in
     report) step_report ;;
     all)
         rc=0
-        # the models are written while the build compiles (synth needs no native code)
-        synth_pid=""
-        if [ $CPU = 0 ] && [ ! -f build/gpu-build.ok ] && [ -d "$CARRY/wheels" ]; then
-            install_wheels
-            ( PYTHONPATH="$root/python:$root/$SITE" step_synth > build/gpu-synth.log 2>&1 ) & synth_pid=$!
-        fi
+        # (the models are written after the build: importing oallama needs its native libraries)
         step_build || rc=$?
-        [ -n "$synth_pid" ] && { wait "$synth_pid" || true; cat build/gpu-synth.log >&2; }
         [ $rc = 0 ] && { step_gputest || rc=$?; }
         [ $rc = 0 ] && { step_synth || rc=$?; }
         [ $rc = 0 ] && { step_run || rc=$?; }

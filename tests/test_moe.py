@@ -3,11 +3,15 @@ MUL_MAT_ID ops on the expert tensors, and the profiler times those ops with real
 
 from __future__ import annotations
 
+import os
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 import oallama
@@ -179,3 +183,55 @@ def test_n_cpu_moe_refuses_a_dense_model(synth_model, rpc_server) -> None:
                         threads=1, progress=False)
     with pytest.raises(PlanError, match="no expert tensors"):
         make_plan(ctx, "n-cpu-moe", "50%")
+
+
+def _bytes_acked(port: int) -> int:
+    """Bytes this process has sent on its one TCP connection to `port` that the peer acknowledged
+    (the kernel's tcp_info.tcpi_bytes_acked, a u64 at offset 120 since Linux 4.1)."""
+    conns = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    assert len(conns) == 1, conns
+    s = socket.socket(fileno=os.dup(conns[0].fd))
+    try:
+        return struct.unpack_from("Q", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 120)[0]
+    finally:
+        s.close()
+
+
+def test_streamed_experts_copy_only_the_routed_experts(moe_context, rpc_server) -> None:
+    # When ggml's scheduler streams a host expert tensor to the accelerator, it copies only the
+    # experts the pass's tokens were routed to (ggml_backend_sched_compute_splits); the pass model
+    # charges that share (`expert_fraction`: n_used / n_expert of the tensor at one token). Checked
+    # against the bytes that really crossed to an rpc-server in decode passes that stream every
+    # expert tensor (plain layout: a repacked weight cannot stream).
+    from oallama.planner.profile import PLAIN
+    from oallama.planner.schedmodel import Placement, expert_fraction
+
+    ctx = moe_context
+    pm = ctx.passes[1]
+    exps = sorted(w for w in ctx.weight_bytes if "_exps." in w)
+    whole = sum(ctx.weight_bytes[w] for w in exps)
+    share = {w: pm.copied_share[w] for w in exps}
+    n_expert, n_used = ctx.model.metadata["qwen3moe.expert_count"], ctx.model.metadata["qwen3moe.expert_used_count"]
+    assert share == {w: pytest.approx(expert_fraction(n_expert, n_used, 1)) for w in exps}
+    assert expert_fraction(n_expert, n_used, 1) == pytest.approx(n_used / n_expert)
+    routed = sum(share[w] * ctx.weight_bytes[w] for w in exps)  # bytes
+    # the model's copies of such a pass: the streamed experts' share, nothing of their whole size
+    c = pm.cost(Placement(frozenset(), 0, {w: 1 for w in exps}))
+    assert c.stream_bytes == pytest.approx(sum(share[w] * ctx.weight_bytes[w] for w in exps if pm.streamable[w]),
+                                           rel=1e-6)
+    llm = oallama.Llama(str(ctx.model.path), devices=[rpc_server.device_name], n_gpu_layers=0, n_ctx=128,
+                        n_threads=2, verbose=False, layouts={w: PLAIN for w in ctx.weight_bytes})
+    try:
+        _core.set_offload_policy(llm.native_context, {w: 1 for w in exps})  # stream them at any batch
+        tokens = llm.tokenize(b"The quick brown fox jumps over the lazy dog, again and again")
+        llm.eval(tokens[:8])
+        sent = []
+        for t in tokens[8:12]:
+            before = _bytes_acked(rpc_server.port)
+            llm.eval([t])  # reads the logits back: the pass is done, its bytes acknowledged
+            sent.append(_bytes_acked(rpc_server.port) - before)
+    finally:
+        llm.close()
+    # each pass: the routed experts (+ a few KB of activations, graphs and padding)
+    for b in sent:
+        assert routed <= b <= routed * 1.2 + 64 * 1024, (b, routed, whole)

@@ -226,7 +226,9 @@ def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | Non
     if not measured or pm.acc is None:
         return None
     c = pm.cost(Placement(frozenset(), 0, {w: 1 for w in pm.weights}))
-    nbytes = int(measured.get("weight_bytes") or c.stream_bytes)
+    # the bytes the copies moved, in the model's terms: of an expert tensor only the experts the
+    # pass's token was routed to (the measurement's `weight_bytes` counts whole tensors)
+    nbytes = c.stream_bytes
     wall = float(measured["wall_us"])
     left = wall - (c.total_us - c.stream_us)  # us the streamed copies took
     if c.n_streamed == 0 or nbytes <= 0 or left <= 0.1 * wall:

@@ -295,7 +295,11 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
                 reads[src] = (max(b, nbytes), cons)
         for src, (nbytes, cons) in reads.items():
             se = source(src)
-            up_cost, down_cost = (pm.stream if src[0] == "w" else pm.h2d).time_us(nbytes), pm.d2h.time_us(nbytes)
+            if src[0] == "w":  # a streamed weight (of an expert tensor: its routed experts)
+                up_cost = pm.stream.time_us(round(nbytes * pm.copied_share.get(src[1], 1.0)))
+            else:
+                up_cost = pm.h2d.time_us(nbytes)
+            down_cost = pm.d2h.time_us(nbytes)
             up = down = None
             for c in cons.values():
                 d = c.minus(se)  # > 0: read on the accelerator, lives on the host

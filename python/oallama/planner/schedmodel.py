@@ -26,7 +26,9 @@ and then costs the assignment (microseconds):
            T'(bytes) from that direction's measured curve (`profile.Link`; profiled: to the device
            as handed over, back as waited for); a streamed weight is such a copy of the whole weight,
            on the link the calibration measured weights streaming at in a real load (`stream`,
-           `set_stream`; the h2d link without one);
+           `set_stream`; the h2d link without one) -- but of a streamed expert tensor (MUL_MAT_ID)
+           the scheduler copies only the experts the pass's tokens were routed to
+           (ggml_backend_sched_compute_splits), `expert_fraction` of it;
   splits   each change of device along the graph order starts a split: the device's issue cost
            (a graph handed over; profiled);
   outside  the pass's time outside its graph (calibrated: a + b * n_tokens).
@@ -60,6 +62,15 @@ def op_batch(node: Node) -> int:
     if node.op == "MUL_MAT_ID":
         return node.ne[2]
     return node.ne[1] * node.ne[2] * node.ne[3]
+
+
+def expert_fraction(n_expert: int, n_used: int, n_tokens: int) -> float:
+    """Expected share of a [k, m, n_expert] expert tensor that n_tokens tokens, each routed to
+    n_used distinct experts, touch: 1 - (1 - n_used/n_expert)^n_tokens (routing taken as uniform;
+    exact at one token). ggml's scheduler copies only those experts when it streams the tensor."""
+    if n_expert <= 0 or n_used <= 0:
+        return 1.0
+    return 1.0 - (1.0 - min(n_used, n_expert) / n_expert) ** max(n_tokens, 1)
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,12 @@ class PassModel:
                 src, nbytes = self._source(s), graph.tensor(s).nbytes
                 self.reads[i].append((src, nbytes))
                 self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
+        # a streamed expert tensor moves only its routed experts: weight -> share copied
+        self.copied_share: dict[str, float] = {}
+        for n in graph.nodes:
+            if n.op == "MUL_MAT_ID" and n.weight and len(n.srcs) > 2 and n.weight_slot == 0:
+                w, ids = graph.tensor(n.srcs[0]), graph.tensor(n.srcs[2])  # [k, m, n_expert], [n_used, n_tokens]
+                self.copied_share[n.weight] = expert_fraction(w.ne[2], ids.ne[0], n.ne[2])
         # weights that every reading node's accelerator supports (others must stay on the host)
         self.weights: set[str] = {n.weight for n in graph.nodes if n.weight} | {
             lf.weight for lf in graph.leafs if lf.weight}
@@ -343,7 +360,8 @@ class PassModel:
                     copies.add((src, dev[i]))
         # a tensor read on the other device is copied once, sized by its largest read
         sizes = {(src, d): self.read_bytes[src] for src, d in copies}
-        streamed = {src: b for (src, to_acc), b in sizes.items() if to_acc and src[0] == "w"}
+        streamed = {src: round(b * self.copied_share.get(src[1], 1.0))
+                    for (src, to_acc), b in sizes.items() if to_acc and src[0] == "w"}
         stream_us = sum(self.stream.time_us(b) for b in streamed.values())
         copy_us = stream_us + sum((self.h2d if to_acc else self.d2h).time_us(b)
                                   for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
@@ -355,7 +373,8 @@ class PassModel:
                 splits += 1
                 launch += self.launch[int(dev[i])]
                 last = dev[i]
-        return PassCost(compute, copy_us, launch, splits, len(copies), sum(sizes.values()), dev, other,
+        copy_bytes = sum(b for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
+        return PassCost(compute, copy_us, launch, splits, len(copies), copy_bytes + sum(streamed.values()), dev, other,
                         self.overhead_us, on_acc, stream_us, sum(streamed.values()), len(streamed))
 
     def set_stream(self, link: Link) -> None:

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Re-predict a committed calibrated bench run with one term corrected: the bytes a streamed
+expert tensor moves. ggml's scheduler copies only the experts a pass's tokens were routed to
+(ggml_backend_sched_compute_splits); the planner charged whole tensors until
+`schedmodel.expert_fraction`. Two places change, both in the committed breakdowns' own terms:
+
+- the calibrated stream link: calibration method 8 timed a decode pass with every host weight
+  streamed, and the plan turned that wall time into a rate over the *whole* tensors' bytes; at
+  one token only n_used / n_expert of each expert tensor moved, so the same time spread over the
+  bytes that moved gives a slower rate (dense models: unchanged);
+- each pass's streamed bytes: dense weights whole, expert tensors at their routed share
+  (1 - (1 - n_used/n_expert)^n_tokens).
+
+new stream_ms = old stream_ms * (moved / whole bytes of the pass) * (whole / moved bytes of the
+calibration pass); the per-copy latency is not separated (a few us per weight). No measurement of
+the run enters the correction. Needs the runs' GGUFs (a `--shape-only` synth has the same sizes).
+
+    python scripts/repredict_experts.py bench/results/<dir> [--models-dir build/bench-models]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oallama.model import gguf_file
+from oallama.planner.schedmodel import expert_fraction
+
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+OFFLOAD_MIN_BATCH = 32  # ggml-cuda's default: a host weight's op moves to the GPU from this batch
+
+
+_SHAPES: dict[str, tuple[int, ...]] = {}  # tensor -> its dimensions above 1 (a matmul weight has two or more)
+
+
+def _streamed(plan: dict[str, Any], n_tokens: int, sizes: dict[str, int], op_offload: bool) -> list[str]:
+    """Host matmul weights streamed in a pass of n_tokens (as the plan's policy sets them)."""
+    acc, policy, out = plan["accelerator"], plan.get("offload_min_batch") or {}, []
+    for w in sizes:
+        if plan["placement"].get(w) == acc or len(_SHAPES[w]) < 2 or (w.startswith("token_embd")
+                                                                         and "output.weight" in sizes):
+            continue
+        if w in policy:
+            streams = policy[w] is not None and n_tokens >= int(policy[w])
+        else:
+            streams = op_offload and n_tokens >= OFFLOAD_MIN_BATCH
+        if streams:
+            out.append(w)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--models-dir", type=Path, default=Path("build/bench-models"))
+    a = ap.parse_args()
+    d: Path = a.results
+    print(f"# Re-prediction with streamed expert tensors at their routed share ({d.name})\n")
+    rows = []
+    for spec_file in sorted(d.glob("raw/*.spec.json")):
+        spec = json.loads(spec_file.read_text())
+        res, plan_file = d / "raw" / f"{spec['id']}.json", d / "raw" / f"{spec['id']}.plan.json"
+        if res.exists() and plan_file.exists() and json.loads(res.read_text()).get("status") == "ok":
+            meas = {k: statistics.median(v) for k, v in json.loads(res.read_text())["samples"].items()}
+            rows.append((spec, json.loads(plan_file.read_text()), meas))
+    models: dict[str, tuple[dict[str, int], int, int]] = {}  # name -> (sizes, n_expert, n_used)
+    for spec, _, _ in rows:
+        name = spec["config"]["model_name"]
+        if name in models:
+            continue
+        info = gguf_file.read(a.models_dir / f"{name}.gguf")
+        for t in info.tensors:
+            _SHAPES[t.name] = tuple(x for x in t.shape if x > 1) or (1,)
+        models[name] = ({t.name: t.nbytes for t in info.tensors}, int(info.hparam("expert_count", 0) or 0),
+                        int(info.hparam("expert_used_count", 0) or 0))
+
+    def moved(name: str, ws: list[str], n: int) -> tuple[int, float]:
+        sizes, n_expert, n_used = models[name]
+        whole = sum(sizes[w] for w in ws)
+        return whole, sum(sizes[w] * (expert_fraction(n_expert, n_used, n) if "_exps." in w else 1.0) for w in ws)
+
+    # the calibration pass: every host matmul weight streamed at one token (its bytes, as recorded)
+    cal: dict[str, float] = {}
+    for spec, _, _ in rows:
+        name = spec["config"]["model_name"]
+        if name in cal:
+            continue
+        prof = json.loads((d / "profiles" / f"{spec['profile_key']}.json").read_text())
+        st = next(iter((prof.get("calibration") or {}).get("stream", {}).values()), None)
+        sizes = models[name][0]
+        tied = "output.weight" not in sizes  # the output matmul reads token_embd
+        ws = [w for w in sizes if (tied or not w.startswith("token_embd")) and len(_SHAPES[w]) >= 2]
+        whole, mv = moved(name, ws, 1)
+        if st and abs(whole - st["weight_bytes"]) > 0.01 * whole:
+            print(f"note: {name}: the calibration streamed {st['weight_bytes']} bytes, these weights are {whole}")
+        cal[name] = whole / mv
+    print("| model | experts (used / all) | calibration pass: whole / moved bytes |")
+    print("|---|---|---|")
+    for name, (_, e, k) in sorted(models.items()):
+        print(f"| {name} | {k} / {e} | {cal[name]:.2f} |")
+    errs: dict[str, dict[str, list[float]]] = {w: {k: [] for k in METRICS} for w in ("old", "new")}
+    print("\n| model | strategy | budget | prompt | TTFT ms | old | new | TPOT ms | old | new | e2e ms | old | new |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for spec, plan, meas in sorted(rows, key=lambda r: (r[0]["config"]["model_name"], r[0]["config"]["prompt"],
+                                                        r[0]["config"]["budget"], r[0]["config"]["strategy"])):
+        cfg, name = spec["config"], spec["config"]["model_name"]
+        passes = {}
+        for n, p in plan["predicted"]["passes"].items():
+            whole, mv = moved(name, _streamed(plan, int(n), models[name][0], cfg["op_offload"]), int(n))
+            new_stream = p["stream_ms"] * (mv / whole) * cal[name] if whole else p["stream_ms"]
+            passes[int(n)] = p["total_ms"] - p["stream_ms"] + new_stream
+        wl = plan["workload"]  # the prompt's passes: full ubatches, then the rest
+        full, rest = divmod(int(wl["prompt"]), int(wl["n_ubatch"]))
+        ttft = full * passes.get(int(wl["n_ubatch"]), 0.0) + (passes[rest] if rest else 0.0)
+        new = {"ttft_ms": ttft, "tpot_ms": passes[1], "e2e_ms": ttft + (cfg["gen"] - 1) * passes[1]}
+        old = {k: plan["predicted"][k] for k in METRICS}
+        for k in METRICS:
+            errs["old"][k].append(abs(old[k] - meas[k]) / meas[k])
+            errs["new"][k].append(abs(new[k] - meas[k]) / meas[k])
+        print(f"| {name} | {cfg['strategy']} | {cfg['budget']} | {cfg['prompt']} | "
+              + " | ".join(f"{meas[k]:.1f} | {old[k]:.1f} | {new[k]:.1f}" for k in METRICS) + " |")
+    print("\n| prediction | metric | configs | median error | p90 | max |")
+    print("|---|---|---|---|---|---|")
+    for w in ("old", "new"):
+        for k in METRICS:
+            v = errs[w][k]
+            print(f"| {w} | {k} | {len(v)} | {100 * statistics.median(v):.1f}% | "
+                  f"{100 * float(np.percentile(v, 90)):.1f}% | {100 * max(v):.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
