@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
@@ -29,14 +28,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns_hosts
 from oallama import collective as C
+from provenance import git_commit
 
 SIZES = [1024, 3072, 32768, 262144, 1048576, 4194304]  # float32 elements: 4 KiB, 12 KiB (n_embd 3072) ... 16 MiB
-
-
-def _commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parent)
-    return r.stdout.strip() or "unknown"
 
 
 def main() -> int:
@@ -77,7 +71,7 @@ def main() -> int:
                                             for a in C.ALGORITHMS}}
                 runs.append(row)
                 print(json.dumps({k: row[k] for k in ("rate", "topology", "rep", "load_avg_start")}), file=sys.stderr)
-    doc = {"schema": "oallama.bench-allreduce/1", "commit": _commit(), "date": str(date.today()),
+    doc = {"schema": "oallama.bench-allreduce/1", "commit": git_commit(), "date": str(date.today()),
            "device": {"machine": platform.node(), "cpu_count": os.cpu_count()}, "netns_check": chk,
            "settings": {"sizes_elements": SIZES, "iters": args.iters, "reps": args.reps, "delay_ms": args.delay_ms},
            "runs": runs}

@@ -33,6 +33,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
+
 PROMPT_WARMUP = (32, 4)  # tokens: the discarded warm-up generation (touches every weight once)
 
 
@@ -135,7 +137,7 @@ def main() -> int:
 def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, build: dict[str, Any]) -> None:
     from oallama.planner.profile import _cpu_name
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit(short=True)
     summary: list[dict[str, Any]] = []
     for (prompt, gen, name) in dict.fromkeys((r["prompt"], r["gen"], r["placement"]) for r in rows):
         rs = [r for r in rows if (r["prompt"], r["gen"], r["placement"]) == (prompt, gen, name)]

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,14 +39,7 @@ from oallama.planner.profile import _cpu_name, build_info
 from oallama.planner.schedmodel import NEVER, Placement
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens, timed_generate
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
 
 
 def _stock_variant(ctx: Any, plan: Any) -> Any:
@@ -117,7 +109,7 @@ def main() -> int:
                              "tpot_ms_median": statistics.median(tpot), "tpot_ms_stdev": statistics.pstdev(tpot),
                              "predicted_ttft_ms": v.predicted["ttft_ms"], "predicted_tpot_ms": v.predicted["tpot_ms"],
                              "ttft_ms": ttft, "tpot_ms": tpot, "load_avg_max": max(loads)})
-    doc = {"schema": "oallama.bench-stock/1", "commit": _git_commit(), "build": build_info(), "date": str(date.today()),
+    doc = {"schema": "oallama.bench-stock/1", "commit": git_commit(), "build": build_info(), "date": str(date.today()),
            "device": {"machine": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "accelerator": acc},
            "settings": {"model": args.model.name, "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
                         "threads": args.threads, "ubatch": args.ubatch, "rpc_threads": args.rpc_threads,

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
@@ -36,6 +35,7 @@ from oallama import collective as C
 from oallama.collective.tp.decoder import TPOptions, run_distributed
 from oallama.model import synthetic
 from oallama.model.presets import PRESETS
+from provenance import git_commit
 
 # the seed's claims for its system (tree + memory manager) against a parameter-server baseline
 SEED = {"ttft_change": (-0.61, -0.34), "tps_change": (0.52, 1.50), "memory_change": -0.61}
@@ -239,7 +239,7 @@ def main() -> int:
     model = make_model(args)
     doc = run_all(args, model, out)
     doc["command"] = " ".join(sys.argv)
-    doc["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    doc["git"] = git_commit(short=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     keys = ["rate", "algorithm", "stream", "rep", "ttft_s", "tokens_per_s", "held_peak_bytes", "rss_anon_peak_bytes",
             "model_peak_sampled_bytes", "inter_msgs", "inter_bytes", "wire_tx_bytes", "allreduce_s_rank0",

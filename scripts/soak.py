@@ -30,7 +30,6 @@ import os
 import platform
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from oallama import Llama, RpcServerError
 from oallama.model import synthetic
 from oallama.planner.profile import _cpu_name, build_info
 from oallama.runtime import devices, rpc
+from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In the beginning", "A long time ago in a galaxy"]
 
@@ -54,14 +54,6 @@ def _proc_stats(pid: int | str = "self") -> dict[str, int]:
     fields = {k: v.split() for k, _, v in (line.partition(":") for line in status)}
     return {"rss": int(fields["VmRSS"][0]) * 1024, "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "threads": int(fields["Threads"][0])}
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 class Sampler:
@@ -241,7 +233,7 @@ def main() -> int:
         ok &= passed or ph == "stock-loads"  # the baseline is reported, not judged
         summary.append({"phase": ph, "samples": len(rs), "first_rss": rs[0]["rss"], "last_rss": rs[-1]["rss"],
                         "first_fds": rs[0]["fds"], "last_fds": rs[-1]["fds"], "growth": g, "passed": passed})
-    doc = {"schema": "oallama.soak/1", "commit": _git_commit(), "build": build_info(), "date": str(date.today()),
+    doc = {"schema": "oallama.soak/1", "commit": git_commit(), "build": build_info(), "date": str(date.today()),
            "device": {"machine": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count()},
            "settings": {"generations": args.generations, "tokens": args.tokens, "loads": args.loads,
                         "faults": args.faults, "rss_tolerance_mib": args.rss_tolerance, "rpc_timeout_s": 10.0,
