@@ -17,7 +17,7 @@ import pytest
 from oallama import Llama, _core
 from oallama.errors import ClosedError
 from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, fit, node_overhead_us, work
-from oallama.planner.context import stream_link
+from oallama.planner.context import split_cost, stream_link
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context
 from oallama.planner.profile import Link, Profile, device_identity, profile_model
@@ -241,3 +241,37 @@ def test_pass_kv_lengths() -> None:
     assert wl.n_ctx == 768
     assert wl.pass_kv() == {256: 512, 1: 768}  # ubatches at 256 and 512 cells: mean 384 -> 512
     assert Workload(prompt=32, gen=8).pass_kv() == {32: 256, 1: 256}
+
+
+def test_scattered_load_changes_device_at_almost_every_weight(calibrated: Profile, tiny: Path,
+                                                              rpc_server: rpc.RpcServer) -> None:
+    # the calibration's fourth load: weights alternating between the host and the accelerator;
+    # the model sees that placement as llama.cpp made it, with several changes of device per layer
+    sc = calibrated.calibration.scatter[rpc_server.device_name]
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    pm = ctx.passes[1]
+    on_acc = frozenset(sc["on_acc"]) & pm.weights
+    assert 0 < len(on_acc) < len(pm.weights)
+    assert pm.cost(Placement(on_acc, sc["kv_layers"])).n_splits >= 2 * ctx.n_layer
+    assert sc["wall_us"] > 0 and len(sc["samples_us"]) >= 1
+    assert Calibration.from_json(calibrated.calibration.to_json()).scatter == calibrated.calibration.scatter
+
+
+def test_split_cost_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer) -> None:
+    # a scattered pass measured slower than the model charges the difference to its splits, and
+    # the model then costs that pass as measured; one the model accounts for gives nothing
+    ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
+                        threads=1, progress=False)
+    pm = ctx.passes[1]
+    sc = calibrated.calibration.scatter[rpc_server.device_name]
+    p = Placement(frozenset(sc["on_acc"]) & pm.weights, sc["kv_layers"])
+    pm.set_split_cost(0.0)
+    c = pm.cost(p)
+    extra = split_cost(pm, {**sc, "wall_us": c.total_us + 50.0 * c.n_splits})
+    assert extra == pytest.approx(50.0)
+    pm.set_split_cost(extra)
+    assert pm.cost(p).total_us == pytest.approx(c.total_us + 50.0 * c.n_splits)
+    assert pm.cost(p).compute_us == c.compute_us and pm.cost(p).copy_us == c.copy_us  # only the splits
+    assert split_cost(pm, {**sc, "wall_us": c.total_us}) is None
+    assert split_cost(pm, None) is None

@@ -30,7 +30,12 @@ size. A third load streams every host weight to the accelerator in a decode pass
 weights leave from the memory llama.cpp loaded them into, which a one-op copy of a fresh buffer
 does not see (on an H100 the profiled link moved 54 GB/s, weights streamed in real loads at 8
 GB/s); the plan derives the rate from it in the model's own terms (`context.stream_link`).
-Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+A fourth load scatters the weights: every other weight matmul's weight on the host, the rest on the
+accelerator, op offload off, so that a decode pass changes device at almost every weight, as the
+planners' scattered placements do (`scatter`); what it takes beyond the model's terms is a cost per
+split the one-op launch does not see (a CPU<->GPU synchronisation at each change of device: on an
+H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
+`context.split_cost`). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import Any
 from .. import _core
 from ..errors import OallamaError, ProfileError
 
-VERSION = 8  # of the method: part of a calibrated profile's cache key (8: streamed weights timed)
+VERSION = 9  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
 
@@ -129,6 +134,8 @@ class Calibration:
     splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
     # accelerator -> a decode pass with every host weight streamed to it (`_measure_stream`)
     stream: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # accelerator -> a decode pass with the weights scattered over host and accelerator (`_measure_scatter`)
+    scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         return self.pass_a_us + self.pass_b_us * n_tokens
@@ -143,12 +150,13 @@ class Calibration:
                                      {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
-                           doc.get("splits", []), dict(doc.get("stream") or {}))
+                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
                            self.elapsed_s, self.points, self.splits,
-                           {ren.get(k, k): v for k, v in self.stream.items()})
+                           {ren.get(k, k): v for k, v in self.stream.items()},
+                           {ren.get(k, k): v for k, v in self.scatter.items()})
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -334,8 +342,18 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                              reps=reps)
         if st is not None:
             stream[accs[0].name] = st
+    scatter: dict[str, dict[str, Any]] = {}
+    if accs:
+        if progress:
+            print("\rcalibrate: real graph, weights scattered over both devices".ljust(100), end="", file=sys.stderr,
+                  flush=True)
+        sc = _measure_scatter(path, info, accs[0].name, n_gpu_layers=_layers_that_fit(info, accs[0], n_layer),
+                              n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
+        if sc is not None:
+            scatter[accs[0].name] = sc
     cal = fit(points, overheads, profile, splits)
     cal.stream = stream
+    cal.scatter = scatter
     cal.elapsed_s = time.perf_counter() - t_start
     if progress:
         print(f"\rcalibrate: {len(points)} timed nodes in {cal.elapsed_s:.1f} s".ljust(100), file=sys.stderr,
@@ -397,6 +415,48 @@ def _measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, t
         llm.close()
     return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
             "n_weights": len(streamed), "weight_bytes": sum(_weight_nbytes(r) for r in streamed)}
+
+
+def _measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int, n_ctx: int, n_prefill: int,
+                     threads: int, mmap: bool, reps: int) -> dict[str, Any] | None:
+    """Decode passes (1 token after n_prefill) with the offloaded layers' weight matmuls
+    alternating between the host and `acc` (file order; op offload off, so a host weight's op
+    stays on the host): their mean wall time, and the placement as llama.cpp made it (which
+    weights landed on `acc`, the KV layers) for the model to cost. None when nothing scatters."""
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+    from .graph import layer_of
+
+    n_layer = int(info.hparam("block_count", 0))
+    first = n_layer - max(n_gpu_layers - 1, 0)  # llama.cpp offloads the last n_gpu_layers - 1 layers
+    layer = {t.name: layer_of(t.name) for t in info.tensors}
+    mats = [t.name for t in info.tensors if len([d for d in t.shape if d > 1]) >= 2
+            and layer[t.name] is not None and layer[t.name] >= first]
+    placement = {w: (acc if k % 2 == 0 else "CPU") for k, w in enumerate(mats)}
+    if len(mats) < 4:
+        return None
+    try:
+        llm = Llama(str(path), devices=[acc], placement=placement, n_ctx=n_ctx, n_batch=n_prefill,
+                    n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap, flash_attn=False,
+                    verbose=False, n_gpu_layers=n_gpu_layers, op_offload=False)
+    except (OallamaError, ValueError, RuntimeError) as e:
+        raise ProfileError(f"calibration: could not load {path} (scattered load): {e}") from None
+    try:
+        on_acc = sorted(t.name for t in llm.tensor_placements() if t.device == acc)
+        tokens = prompt_tokens(llm, n_ctx)
+        llm.reset()
+        llm.eval(tokens[:n_prefill])
+        walls = []
+        for k in range(2 * max(reps, 2) + 1):  # consecutive decode passes; the first (graph build) not kept
+            t0 = time.perf_counter()
+            llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
+            _sync(llm)
+            walls.append((time.perf_counter() - t0) * 1e6)
+        walls = walls[1:]
+    finally:
+        llm.close()
+    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
+            "on_acc": on_acc, "kv_layers": min(max(n_gpu_layers - 1, 0), n_layer)}
 
 
 def _layers_that_fit(info: Any, acc: Any, n_layer: int) -> int:

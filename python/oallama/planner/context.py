@@ -129,6 +129,8 @@ class PlanContext:
     settings: dict[str, Any]
     # streamed weights' link when the calibration measured it (`stream_link`), else None
     stream: Link | None = None
+    # each split's cost beyond the profiled hand-over when the calibration measured it (`split_cost`)
+    split_us: float | None = None
 
     def predict(self, p: Placement) -> dict[str, Any]:
         costs = {n: pm.cost(p) for n, pm in self.passes.items()}
@@ -143,6 +145,8 @@ class PlanContext:
                                    "stream_bytes": c.stream_bytes} for n, c in costs.items()}}
         if self.stream is not None:  # GB/s = bytes/us / 1e3
             out["stream_gb_s"] = self.stream.bytes_per_us / 1e3
+        if self.split_us is not None:
+            out["split_us"] = self.split_us
         return out
 
     def objective_ms(self, p: Placement) -> float:
@@ -198,8 +202,16 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
               for n in sizes}
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
                 "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
-    stream = stream_link(passes[1], profile.calibration.stream.get(acc_name)
-                         if profile.calibration is not None and acc_name else None)
+    cal = profile.calibration if acc_name else None
+    # first the splits' cost (the streamed pass's many splits pay it too), then the streamed link
+    split_us = split_cost(passes[1], cal.scatter.get(acc_name) if cal is not None else None)
+    if split_us is not None:
+        for pm in passes.values():
+            pm.set_split_cost(split_us)
+        if progress:
+            log(f"splits in a real pass (calibrated): {split_us:.0f} us each beyond the profiled hand-over "
+                f"({passes[1].issue[0]:.0f} / {passes[1].issue[1]:.0f} us)")
+    stream = stream_link(passes[1], cal.stream.get(acc_name) if cal is not None else None)
     if stream is not None:
         for pm in passes.values():
             pm.set_stream(stream)
@@ -212,7 +224,24 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     # rope_factors_long at a context below its original length) still goes where its layer goes
     wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
     return PlanContext(model, acc_name, workload, profile, passes, wbytes, kv_bytes_per_layer(g_mem),
-                       n_layer, settings, stream)
+                       n_layer, settings, stream, split_us)
+
+
+def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | None:
+    """What a split costs beyond the profiled hand-over, from the calibration's scattered decode
+    pass (`calibrate._measure_scatter`: weights alternating between the devices, a change of
+    device at almost every weight): its measured wall time less the model's cost of that
+    placement, over the model's splits. None without a measurement, or when the model already
+    accounts for the pass (within 5%: nothing to attribute)."""
+    if not measured or pm.acc is None:
+        return None
+    on_acc = frozenset(w for w in measured.get("on_acc", ()) if w in pm.weights)
+    c = pm.cost(Placement(on_acc, int(measured.get("kv_layers", 0))))
+    wall = float(measured["wall_us"])
+    left = wall - c.total_us  # us the model does not see
+    if c.n_splits < 4 or left <= 0.05 * wall:
+        return None
+    return left / c.n_splits
 
 
 def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | None:

@@ -30,7 +30,8 @@ and then costs the assignment (microseconds):
            the scheduler copies only the experts the pass's tokens were routed to
            (ggml_backend_sched_compute_splits), `expert_fraction` of it;
   splits   each change of device along the graph order starts a split: the device's issue cost
-           (a graph handed over; profiled);
+           (a graph handed over; profiled), plus what a split costs beyond it in a real pass (a
+           CPU<->accelerator synchronisation at the change; calibrated, `set_split_cost`);
   outside  the pass's time outside its graph (calibrated: a + b * n_tokens).
 
 tests/test_plan.py checks the assignment against the real scheduler on random placements.
@@ -218,7 +219,8 @@ class PassModel:
             # a streamed host weight's copy: the h2d link unless the calibration measured weights
             # streaming in a real load (`set_stream`), which may leave from slower memory
             self.stream = self.h2d
-            self.launch = {0: profile.issue_us(HOST), 1: profile.issue_us(acc) if acc else 0.0}
+            self.issue = {0: profile.issue_us(HOST), 1: profile.issue_us(acc) if acc else 0.0}
+            self.launch = dict(self.issue)  # us per split started on the host / the accelerator
 
     def _other_ops(self, cal: Calibration) -> None:
         """Every non-view node that is not a weight matmul, at its calibrated cost per device (a
@@ -376,6 +378,10 @@ class PassModel:
         copy_bytes = sum(b for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
         return PassCost(compute, copy_us, launch, splits, len(copies), copy_bytes + sum(streamed.values()), dev, other,
                         self.overhead_us, on_acc, stream_us, sum(streamed.values()), len(streamed))
+
+    def set_split_cost(self, us: float) -> None:
+        """Charge every split `us` beyond its device's issue cost (see `planner.context.split_cost`)."""
+        self.launch = {d: t + us for d, t in self.issue.items()}
 
     def set_stream(self, link: Link) -> None:
         """Cost streamed host weights with `link` (see `planner.context.stream_link`)."""
