@@ -372,6 +372,22 @@ def _weight_nbytes(node: _core.NodeTime) -> int:
     return math.prod(node.src_ne[0]) // block * size
 
 
+def _decode_walls(llm: Any, tokens: list[int], n_prefill: int, reps: int) -> list[float]:
+    """Consecutive 1-token decode passes after an n_prefill-token prompt, as a generation runs
+    them: each one's wall time until the device finished (us). The first one (it rebuilds the
+    graph after the prompt's) is not kept; callers take the mean, as a TPOT averages its passes
+    (on a busy machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass)."""
+    llm.reset()
+    llm.eval(tokens[:n_prefill])
+    walls = []
+    for k in range(2 * max(reps, 2) + 1):
+        t0 = time.perf_counter()
+        llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
+        _sync(llm)
+        walls.append((time.perf_counter() - t0) * 1e6)
+    return walls[1:]
+
+
 def _measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, threads: int, mmap: bool,
                     reps: int) -> dict[str, Any] | None:
     """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
@@ -399,18 +415,7 @@ def _measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, t
         streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]
         if not streamed:
             return None
-        # consecutive decode passes, as a generation runs them (the first one rebuilds the graph
-        # after the prompt's: not timed); their mean, as a TPOT averages its passes (on a busy
-        # machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass)
-        llm.reset()
-        llm.eval(prefix)
-        walls = []
-        for k in range(2 * max(reps, 2) + 1):
-            t0 = time.perf_counter()
-            llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
-            _sync(llm)
-            walls.append((time.perf_counter() - t0) * 1e6)
-        walls = walls[1:]
+        walls = _decode_walls(llm, tokens, n_prefill, reps)
     finally:
         llm.close()
     return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
@@ -443,16 +448,7 @@ def _measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int
         raise ProfileError(f"calibration: could not load {path} (scattered load): {e}") from None
     try:
         on_acc = sorted(t.name for t in llm.tensor_placements() if t.device == acc)
-        tokens = prompt_tokens(llm, n_ctx)
-        llm.reset()
-        llm.eval(tokens[:n_prefill])
-        walls = []
-        for k in range(2 * max(reps, 2) + 1):  # consecutive decode passes; the first (graph build) not kept
-            t0 = time.perf_counter()
-            llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
-            _sync(llm)
-            walls.append((time.perf_counter() - t0) * 1e6)
-        walls = walls[1:]
+        walls = _decode_walls(llm, prompt_tokens(llm, n_ctx), n_prefill, reps)
     finally:
         llm.close()
     return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
