@@ -174,6 +174,96 @@ private:
     oallama_node_timer * tm_ = nullptr;
 };
 
+// oallama_poll_hook owned by Python: the pending check comes from a source object's poll_source()
+// capsule (oallama._weaver.Ring), which the hook keeps alive; serve is a Python callable run on the
+// computing thread with the GIL taken. An exception in serve stops the serving (polls then find
+// nothing) and is raised by check() / close().
+class PollHook {
+public:
+    PollHook(py::object source, py::object serve, std::map<std::string, int> pieces, bool every_node, bool record)
+        : source_(std::move(source)), serve_(std::move(serve)) {
+        for (const auto & [name, k] : pieces) {
+            if (k < 1) {
+                throw std::invalid_argument("PollHook: pieces['" + name + "'] = " + std::to_string(k) + " (must be >= 1)");
+            }
+        }
+        oallama_poll_params p;
+        if (!source_.is_none()) {
+            capsule_ = source_.attr("poll_source")();
+            if (!py::isinstance<py::capsule>(capsule_) ||
+                std::string(capsule_.cast<py::capsule>().name()) != OALLAMA_POLL_SOURCE_CAPSULE) {
+                throw py::type_error("PollHook: source.poll_source() must return a '" OALLAMA_POLL_SOURCE_CAPSULE
+                                     "' capsule");
+            }
+            src_ = *capsule_.cast<py::capsule>().get_pointer<oallama_poll_source>();
+            p.source.pending = pending_check;
+            p.source.data = this;
+            if (serve_.is_none()) {
+                throw std::invalid_argument("PollHook: a source needs a serve callable");
+            }
+        }
+        p.serve = serve_tasks;
+        p.user = this;
+        p.every_node = every_node;
+        p.pieces = std::move(pieces);
+        p.record = record;
+        hook_ = oallama_poll_hook_init(p);
+    }
+    ~PollHook() {
+        if (hook_ != nullptr) {
+            oallama_poll_hook_free(hook_);
+        }
+    }
+    PollHook(const PollHook &) = delete;
+    PollHook & operator=(const PollHook &) = delete;
+
+    oallama_poll_stats stats() const { return oallama_poll_hook_get_stats(live()); }
+    std::vector<oallama_poll_node> take_nodes() { return oallama_poll_hook_take_nodes(live()); }
+    void mark() { oallama_poll_hook_mark(live()); }
+    void check() {
+        if (error_) {
+            py::error_already_set e = std::move(*error_);
+            error_.reset();
+            throw e;
+        }
+    }
+    void close() {
+        if (hook_ != nullptr) {
+            oallama_poll_hook_free(hook_);
+            hook_ = nullptr;
+        }
+        check();
+    }
+    bool closed() const { return hook_ == nullptr; }
+
+private:
+    oallama_poll_hook * live() const {
+        if (hook_ == nullptr) {
+            throw oallama_closed_error("PollHook: closed");
+        }
+        return hook_;
+    }
+    static bool pending_check(void * data) {
+        auto * self = static_cast<PollHook *>(data);
+        return !self->failed_ && self->src_.pending(self->src_.data);
+    }
+    static void serve_tasks(void * data) {
+        auto * self = static_cast<PollHook *>(data);
+        py::gil_scoped_acquire gil;  // the caller of llama_decode (ctypes) released it
+        try {
+            self->serve_();
+        } catch (py::error_already_set & e) {
+            self->failed_ = true;
+            self->error_.emplace(std::move(e));
+        }
+    }
+    py::object source_, serve_, capsule_;
+    oallama_poll_source src_;
+    oallama_poll_hook * hook_ = nullptr;
+    bool failed_ = false;
+    std::optional<py::error_already_set> error_;
+};
+
 template <typename T>
 static void oallama_bind_borrowed(py::module_ & m, const char * doc) {
     py::class_<borrowed<T>>(m, borrowed_traits<T>::py_name, doc)
@@ -480,6 +570,35 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("closed", &NodeTimer::closed)
         .def("__enter__", [](py::object self) { return self; })
         .def("__exit__", [](NodeTimer & t, py::args) { t.close(); });
+
+    py::class_<oallama_poll_node>(m, "PollNode", "A node between two polling points (oallama_poll_node).")
+        .def_readonly("name", &oallama_poll_node::name)
+        .def_readonly("op", &oallama_poll_node::op)
+        .def_readonly("rows", &oallama_poll_node::rows)
+        .def_readonly("n_chunks", &oallama_poll_node::n_chunks)
+        .def_readonly("us", &oallama_poll_node::us);
+    py::class_<PollHook>(m, "PollHook",
+        "Polling points in the CPU backend (patch 0008), process-wide, one at a time: after every node\n"
+        "thread 0 computes, and inside the MUL_MATs named in pieces (cut into that many pieces along\n"
+        "their output rows), source's pending check runs; when it is true, serve() runs there.\n"
+        "source: an object with poll_source() (oallama._weaver.Ring), or None (record only).")
+        .def(py::init<py::object, py::object, std::map<std::string, int>, bool, bool>(), py::arg("source"),
+             py::arg("serve"), py::arg("pieces") = std::map<std::string, int>{}, py::arg("every_node") = true,
+             py::arg("record") = false)
+        .def("stats", [](const PollHook & h) {
+            const oallama_poll_stats st = h.stats();
+            py::dict d;
+            d["node_polls"] = st.node_polls; d["chunk_polls"] = st.chunk_polls;
+            d["served"] = st.served; d["serve_us"] = st.serve_us;
+            return d;
+        }, "Pending checks after nodes / inside matmuls, serve calls and us spent serving, since install.")
+        .def("take_nodes", &PollHook::take_nodes, "Recorded nodes since the last call (record=True); clears them.")
+        .def("mark", &PollHook::mark, "Restart the recording clock (call before a decode).")
+        .def("check", &PollHook::check, "Raise the exception serve raised, if any (serving stopped then).")
+        .def("close", &PollHook::close, "Uninstall (idempotent), then check().")
+        .def_property_readonly("closed", &PollHook::closed)
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](PollHook & h, py::args) { h.close(); });
 
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,

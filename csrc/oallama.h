@@ -27,6 +27,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "llama.h"
+#include "poll_source.h"
 
 #include <array>
 #include <cstdio>
@@ -316,6 +317,62 @@ void oallama_node_timer_free(oallama_node_timer * timer, bool ctx_alive);
 // Clears the times; stop_at: node positions after which to synchronise (empty: after every node).
 void oallama_node_timer_reset(oallama_node_timer * timer, const std::vector<int32_t> & stop_at);
 const std::vector<oallama_node_time> & oallama_node_timer_get_times(const oallama_node_timer * timer);
+
+//
+// polling points in the CPU backend (poll.cpp, patch 0008): the CPU analogue of Weaver's
+// polling kernel. After every graph node the CPU's thread 0 computes (and, for the nodes named in
+// `pieces`, inside their MUL_MAT at the chunk boundaries that cut it into that many pieces along
+// its output rows) the hook calls source.pending; when it says yes, serve runs on that thread.
+// Process-wide: one hook at a time, for every CPU graph of the process.
+//
+// Usage (the cold model decodes on one thread; the ring's pending check is one acquire load):
+//
+//     oallama_poll_params p;
+//     p.source = { ring_pending, ring };          // bool ring_pending(void * ring)
+//     p.serve  = serve_tasks;  p.user = rx;       // void serve_tasks(void * rx)
+//     p.pieces = { {"ffn_down-3", 4} };           // poll 3 times inside that matmul
+//     oallama_poll_hook * h = oallama_poll_hook_init(p);
+//     llama_decode(ctx, batch);                   // polls between nodes (and chunks) meanwhile
+//     oallama_poll_stats st = oallama_poll_hook_get_stats(h);
+//     oallama_poll_hook_free(h);                  // uninstalls it
+//
+
+struct oallama_poll_params {
+    oallama_poll_source source;
+    void (*serve)(void * user) = nullptr;      // runs when source.pending said yes
+    void * user = nullptr;
+    bool every_node = true;                     // poll after every node (false: chunks only)
+    std::map<std::string, int> pieces;          // node name -> pieces (> 1: polls inside its MUL_MAT)
+    bool record = false;                        // keep every node's time (the splitting planner's input)
+};
+
+struct oallama_poll_node {
+    std::string name;
+    std::string op;            // ggml_op_desc
+    int64_t     rows = 0;      // output rows (ne[0]) of the node
+    int64_t     n_chunks = 0;  // MUL_MAT chunks thread 0 reported (0: not a chunked matmul)
+    double      us = 0.0;      // us from the previous polling point of any kind to this node's end,
+                               // less the time spent serving
+};
+
+struct oallama_poll_stats {
+    uint64_t node_polls  = 0;  // pending checks after nodes
+    uint64_t chunk_polls = 0;  // pending checks inside matmuls
+    uint64_t served      = 0;  // serve calls
+    double   serve_us    = 0;  // us spent in serve
+};
+
+struct oallama_poll_hook;
+
+// Installs the hook (throws std::runtime_error if one is installed or the CPU backend lacks patch 0008).
+oallama_poll_hook * oallama_poll_hook_init(const oallama_poll_params & params);
+// Uninstalls and frees it. Call it while no graph computes.
+void oallama_poll_hook_free(oallama_poll_hook * hook);
+oallama_poll_stats oallama_poll_hook_get_stats(const oallama_poll_hook * hook);
+// The recorded nodes since the last call (record = true), in execution order; clears them.
+// mark: restart the clock now (call it before a decode, so its first node excludes what came before).
+std::vector<oallama_poll_node> oallama_poll_hook_take_nodes(oallama_poll_hook * hook);
+void oallama_poll_hook_mark(oallama_poll_hook * hook);
 
 //
 // llama.cpp's automatic fit (fit.cpp, needs llama-common)

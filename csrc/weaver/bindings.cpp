@@ -4,6 +4,7 @@
 
 #include "weaver.h"
 #include "weaver_py.h"
+#include "poll_source.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -62,6 +63,12 @@ public:
 private:
     oallama_weaver_ring * r_;
 };
+
+// the pending check a PollHook (oallama._core) calls at every polling point; false once closed
+bool ring_pending(void * data) {
+    const Ring * r = static_cast<const Ring *>(data);
+    return !r->closed() && oallama_weaver_tasks_pending(r->get());
+}
 
 }  // namespace
 
@@ -190,6 +197,17 @@ PYBIND11_MODULE(_weaver, m) {
             const uint32_t * c = static_cast<const uint32_t *>(array_bytes(n_ctx, n * 4, "n_ctx", false));
             oallama_weaver_tasks_complete(r.get(), n, o, s, c);
         })
+        .def("pending", [](const Ring & r) { return oallama_weaver_tasks_pending(r.get()); },
+             "Is a task posted and not taken? (receiver side; one acquire load)")
+        .def("poll_source", [](Ring & r) {
+            auto * src = new oallama_poll_source();
+            src->pending = ring_pending;
+            src->data = &r;
+            return py::capsule(src, OALLAMA_POLL_SOURCE_CAPSULE, [](PyObject * c) {
+                delete static_cast<oallama_poll_source *>(PyCapsule_GetPointer(c, OALLAMA_POLL_SOURCE_CAPSULE));
+            });
+        }, "This ring's pending check for oallama._core.PollHook (a PyCapsule '" OALLAMA_POLL_SOURCE_CAPSULE "'); "
+           "the hook keeps the ring object alive, and the check answers false once the ring is closed.")
         .def("wait_tasks", [](const Ring & r, double timeout_s) {
             oallama_weaver_ring * ring = r.get();
             py::gil_scoped_release release;

@@ -481,6 +481,11 @@ void oallama_weaver_tasks_complete(oallama_weaver_ring * r, size_t n, const floa
     r->completed.fetch_add(n, std::memory_order_relaxed);
 }
 
+bool oallama_weaver_tasks_pending(const oallama_weaver_ring * r) {
+    // the polling check alone: one acquire load of the task counter (receiver side only)
+    return r->owner && r->inflight_n == 0 && load_acquire(&r->hdr()->tasks.value) != r->head;
+}
+
 bool oallama_weaver_tasks_wait(oallama_weaver_ring * r, double timeout_s) {
     Deadline deadline(timeout_s);
     Backoff backoff;

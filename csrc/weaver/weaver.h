@@ -121,6 +121,9 @@ size_t oallama_weaver_tasks_take(oallama_weaver_ring * ring, size_t max_tasks, o
 // the completion counter (release).
 void oallama_weaver_tasks_complete(oallama_weaver_ring * ring, size_t n, const float * outputs,
                                    const uint32_t * status, const uint32_t * n_ctx);
+// Non-blocking: is a task posted that the receiver has not taken (one acquire load)? False for a
+// sender's attachment and while a batch is in flight.
+bool oallama_weaver_tasks_pending(const oallama_weaver_ring * ring);
 // Blocks until the task counter is ahead of head (true) or timeout_s passed (false).
 bool oallama_weaver_tasks_wait(oallama_weaver_ring * ring, double timeout_s);
 oallama_weaver_receiver_stats oallama_weaver_receiver_stats_get(const oallama_weaver_ring * ring);

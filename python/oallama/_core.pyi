@@ -10,7 +10,7 @@ constructor, no setter). The only integers handed out are `device_address` and
 as RuntimeError and the Python wrappers re-raise oallama.errors types.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -196,6 +196,39 @@ class NodeTimer:
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> NodeTimer: ...
+    def __exit__(self, *args: object) -> None: ...
+
+class PollNode:
+    """oallama_poll_node: one node of a CPU graph between two polling points (patch 0008)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def rows(self) -> int:
+        """output rows (ne[0])"""
+    @property
+    def n_chunks(self) -> int:
+        """MUL_MAT chunks thread 0 reported (0: not a chunked matmul)"""
+    @property
+    def us(self) -> float:
+        """us from the previous polling point to this node's end, serving excluded"""
+
+class PollHook:
+    """Polling points in the CPU backend (patch 0008): after every node, and inside the MUL_MATs
+    named in pieces; source.poll_source()'s pending check decides when serve() runs."""
+
+    def __init__(self, source: Any, serve: Callable[[], None] | None, pieces: dict[str, int] = ...,
+                 every_node: bool = True, record: bool = False) -> None: ...
+    def stats(self) -> dict[str, float]: ...
+    def take_nodes(self) -> list[PollNode]: ...
+    def mark(self) -> None: ...
+    def check(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> PollHook: ...
     def __exit__(self, *args: object) -> None: ...
 
 class FitResult:

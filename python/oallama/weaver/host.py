@@ -294,6 +294,14 @@ class Receiver:
                                                int(self._b_pos[i]), int(status[i])) for i in range(n))
         return n
 
+    def pending(self) -> bool:
+        """Is a task posted and not taken yet? One acquire load, nothing else (the polling check)."""
+        return bool(self._ring.pending())
+
+    def poll_source(self) -> Any:
+        """This ring's pending check as oallama._core.PollHook takes it (see oallama.weaver.cpu)."""
+        return self._ring.poll_source()
+
     def wait_tasks(self, timeout: float) -> bool:
         """Blocks (GIL released) until the task counter shows a task not taken yet, or timeout."""
         return bool(self._ring.wait_tasks(float(timeout)))
