@@ -174,6 +174,20 @@ def test_optimal_equals_brute_force(which: str, budget_share: float, fast_ctx, m
     assert _objective(ctx, sol.placement) == pytest.approx(sol.objective_us, rel=1e-6, abs=1e-6)
 
 
+def test_the_solvers_objective_and_cutoff_include_the_constant_part() -> None:
+    """The program's constant part (us) is HiGHS's objective offset: the objective it returns,
+    the cutoff (another mode's optimum) and the relative MIP gap are of the predicted time itself."""
+    prog = optimal._Program()
+    a, b = prog.var(integer=True), prog.var(integer=True)
+    prog.offset = 1000.0  # us whatever the placement
+    prog.cost[a], prog.cost[b] = -3.0, -2.0  # us saved by each
+    prog.leq_const(optimal._Lin(0.0, {a: 1.0, b: 1.0}), 1.0)  # room for one of them
+    status, x, obj, gap = prog.solve(10.0)
+    assert status == "Optimal" and obj == pytest.approx(997.0) and round(x[a]) == 1 and gap <= 1e-6
+    assert prog.solve(10.0, cutoff=997.5)[2] == pytest.approx(997.0)
+    assert prog.solve(10.0, cutoff=996.5)[2] == float("inf")  # nothing beats the cutoff
+
+
 @pytest.mark.parametrize("budget", ["25%", "50%", "75%", "100%"])
 @pytest.mark.parametrize("which", ["fast", "measured"])
 def test_strategies_respect_the_budget_and_the_solvers_plan_is_never_worse(which: str, budget: str, fast_ctx,
