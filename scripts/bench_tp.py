@@ -34,7 +34,7 @@ import netns_hosts
 from oallama import collective as C
 from oallama.collective.tp.decoder import TPOptions, run_distributed
 from oallama.model import synthetic
-from oallama.model.presets import PRESETS
+from oallama.model.synthetic import PRESETS  # the table write_model reads (dense + MoE)
 from provenance import git_commit
 
 # the seed's claims for its system (tree + memory manager) against a parameter-server baseline
@@ -84,7 +84,8 @@ def loadavg() -> list[float]:
 
 
 def run_all(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
-    topo = C.Topology.uniform(2, 2)
+    n_hosts, per_host = (int(x) for x in args.topology.split("x"))
+    topo = C.Topology.uniform(n_hosts, per_host)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(1000, 100000, args.prompt)]
     chk = netns_hosts.check()
@@ -95,7 +96,7 @@ def run_all(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
                     "loadavg_start": loadavg()},
         "netns_check": chk, "model": {"path": model.name, "preset": "llama3.2-3b", "type": args.type,
                                        "layers": args.layers, "bytes": model.stat().st_size},
-        "prompt_tokens": args.prompt, "gen_tokens": args.gen, "topology": "2 hosts x 2 ranks",
+        "prompt_tokens": args.prompt, "gen_tokens": args.gen, "world_size": topo.world_size, "topology": f"{n_hosts} hosts x {per_host} rank{'s' if per_host > 1 else ''}",
         "links": [], "runs": [],
     }
     for rate in args.rates.split(","):
@@ -154,7 +155,7 @@ def report(doc: dict[str, Any]) -> str:
         "# Tensor-parallel inference: tree vs ring vs star all-reduce (seed 001)",
         "",
         f"Machine: `{m['node']}`, {m['cpus']} cores, {m['mem_total_gib']} GiB, CPU only; load average "
-        f"{m['loadavg_start']} at the start, {m['loadavg_end']} at the end (other sessions share the machine).",
+        f"{m['loadavg_start']} at the start, {m['loadavg_end']} at the end.",
         f"Model: synthetic `{L['preset']}` {L['type']} ({L['layers']} layers, {L['bytes'] / 2**30:.2f} GiB file; "
         "Llama-3.2-3B shapes: n_embd 3072, 24 heads / 8 KV heads, n_ff 8192, vocab 128256).",
         f"Workload: {doc['prompt_tokens']}-token prompt, {doc['gen_tokens']} generated tokens, greedy; "
@@ -170,7 +171,7 @@ def report(doc: dict[str, Any]) -> str:
         lines += [f"## Links: {rate}, shaping: {link['shaping']}", ""]
         cs = link["collective_s_per_call"]
         sizes = list(next(iter(cs.values())).keys())
-        lines += ["All-reduce alone (ms per call, 4 ranks):", "",
+        lines += [f"All-reduce alone (ms per call, {doc['topology']}):", "",
                   "| elements | " + " | ".join(C.ALGORITHMS) + " |", "|---|" + "---|" * len(C.ALGORITHMS)]
         for n in sizes:
             lines.append(f"| {n} ({int(n) * 4 / 1024:.0f} KiB) | " +
@@ -204,7 +205,7 @@ def report(doc: dict[str, Any]) -> str:
         lines.append("")
     # what a one-way link delay would add, from each algorithm's critical path (netem absent here)
     n_ar = 2 * L["layers"]  # all-reduces per forward pass
-    p = 4
+    p = doc.get("world_size", 4)
     hops = {"tree": 2, "star": 2, "ring": 2 * (p - 1)}
     d = doc["links"][0]["delay_ms"] if doc["links"] else 0.2
     lines += [f"Delay not emulated (no netem): a one-way delay of {d} ms would add, per forward pass "
@@ -223,6 +224,7 @@ def main() -> int:
     ap.add_argument("--rates", default="1gbit,100mbit", help="link rates (tc syntax), comma-separated")
     ap.add_argument("--delay-ms", type=float, default=0.2, help="one-way link delay (applied only with netem)")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--topology", default="2x2", help="HOSTSxRANKS per host (2x1: one rank per core here)")
     ap.add_argument("--coll-iters", type=int, default=20)
     ap.add_argument("--only", default="", help="configs to run, e.g. tree,star+stream (default all)")
     ap.add_argument("--no-netns", action="store_true", help="loopback only, no emulated hosts")
