@@ -11,6 +11,8 @@ Q/K/V, GQA, ``--ctx`` tokens of context) at random moments (exponential gaps, ``
 waits for the result and records the latency (post to result). Modes (oallama.weaver.cpu):
 
   none   no polling and no tasks: the cold model's own time per token (the reference)
+  direct no cold model: the receiver only polls, in a busy loop; the latency floor (N plus the
+         protocol's post, wake-up and copy), which every other mode adds its wait to
   step   (a) tasks served only between decode steps
   node   (b) + a polling point after every graph node
   split  (c) + polling points inside the matmuls the splitting planner cuts, planned on the
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -47,7 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import git_commit
 
-MODES = ("none", "step", "node", "split")
+MODES = ("none", "direct", "step", "node", "split")
 
 
 # ---- the sender (another process) ----------------------------------------------------------------
@@ -98,7 +101,18 @@ def main() -> int:
     ap.add_argument("--slack-ms", type=float, default=0.0, help="K - N: sender work left after posting")
     ap.add_argument("--heads", default="32,8,128", help="n_head,n_head_kv,head_dim of the offloaded attention")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overhead-rounds", type=int, default=30,
+                    help="rounds of one step each without polling, with node polls, with node + split polls (no tasks)")
+    ap.add_argument("--report-only", action="store_true", help="recompute the summary and tables from OUT/weaver-cpu.json")
     args = ap.parse_args()
+    if args.report_only:
+        doc = json.loads((args.out / "weaver-cpu.json").read_text())
+        doc["summary"] = _summarise(doc["rows"], doc["samples"], doc["predicted_wait_ms"], doc["settings"]["gap_ms"],
+                                    doc.get("overhead_steps_ms"))
+        (args.out / "weaver-cpu.json").write_text(json.dumps(doc, indent=1))
+        (args.out / "weaver-cpu.md").write_text(_markdown(doc))
+        print(_markdown(doc))
+        return 0
 
     import oallama
     from oallama.weaver.cpu import CpuPoller, cut_times, pieces_of, receiver_ops, record_ops
@@ -170,11 +184,40 @@ def main() -> int:
         raise RuntimeError("weaver-cpu: the sender did not start")
     rows: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
+    # the polling points' own cost: single steps alternated none / node / split with no task posted,
+    # compared pairwise within a round (this machine drifts by several % between minutes)
+    overhead: dict[str, list[float]] = {"none": [], "node": [], "split": []}
+    restart()
+    for r in range(args.overhead_rounds):
+        for mode in list(overhead)[r % 3:] + list(overhead)[:r % 3]:
+            poller = None if mode == "none" else CpuPoller(rx, mode, pieces=pieces if mode == "split" else None)
+            try:
+                t0 = time.perf_counter()
+                step()
+                overhead[mode].append((time.perf_counter() - t0) * 1e3)
+            finally:
+                if poller is not None:
+                    poller.close()
     try:
         for rep in range(args.reps):
             order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
             for mode in order:
                 load0 = os.getloadavg()[0]
+                if mode == "direct":
+                    seq = rep % (max_seqs - 1)
+                    rx.load_kv(seq, *kv0)
+                    cmd.put((seq, args.ctx, args.tasks, args.gap_ms))
+                    served = 0
+                    while served < args.tasks:
+                        served += rx.poll()
+                    lat = res.get(timeout=600)
+                    row = {"rep": rep, "mode": mode, "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
+                           "tasks": len(lat), **{f"latency_{k}": v for k, v in _stats(lat).items() if k != "n"}}
+                    rows.append(row)
+                    samples.append({"rep": rep, "mode": mode, "idle_ms": [], "loaded_ms": [], "latency_ms": lat})
+                    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
+                          file=sys.stderr)
+                    continue
                 restart()
                 poller = None if mode == "none" else CpuPoller(rx, mode, pieces=pieces if mode == "split" else None)
                 try:
@@ -231,7 +274,7 @@ def main() -> int:
         sender.join(timeout=10)
         rx.close()
 
-    summary = _summarise(rows, samples, n_ms, predicted_wait_ms)
+    summary = _summarise(rows, samples, predicted_wait_ms, args.gap_ms, overhead)
     doc = {"schema": "oallama.bench-weaver-cpu/1", "commit": git_commit(), "date": str(date.today()),
            "device": {"machine": platform.node(), "cpu_count": os.cpu_count(), "processor": platform.processor()},
            "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -241,7 +284,7 @@ def main() -> int:
            "service_ms": serve_ms, "offloaded_ms": n_ms,
            "plan": {"reason": plan.reason, "threshold_ms": plan.threshold / 1e3, "wait_before_ms": plan.wait_before / 1e3,
                     "wait_after_ms": plan.wait_after / 1e3, "pieces": pieces},
-           "predicted_wait_ms": predicted_wait_ms, "rows": rows, "summary": summary, "samples": samples}
+           "predicted_wait_ms": predicted_wait_ms, "overhead_steps_ms": overhead, "rows": rows, "summary": summary, "samples": samples}
     (args.out / "weaver-cpu.json").write_text(json.dumps(doc, indent=1))
     with (args.out / "weaver-cpu.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}, key=lambda k: list(rows[-1]).index(k)
@@ -253,29 +296,56 @@ def main() -> int:
     return 0
 
 
-def _summarise(rows: list[dict[str, Any]], samples: list[dict[str, Any]], n_ms: float,
-               predicted_wait_ms: dict[str, float]) -> dict[str, Any]:
+def closed_loop_step_wait(step_ms: float, gap_ms: float) -> float:
+    """Mean wait of a task served only at step ends when its sender posts an exponential gap
+    (mean gap_ms) after its previous result, which came at a step end: the post lands X ~ Exp(gap)
+    into a run of back-to-back steps of step_ms and waits for the end of its step,
+    E[S ceil(X / S) - X] = S / (1 - exp(-S / gap)) - gap (ms)."""
+    return step_ms / (1.0 - math.exp(-step_ms / gap_ms)) - gap_ms
+
+
+def _summarise(rows: list[dict[str, Any]], samples: list[dict[str, Any]],
+               predicted_wait_ms: dict[str, float], gap_ms: float,
+               overhead: dict[str, list[float]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    none_idle = statistics.median(r["idle_ms_per_token"] for r in rows if r["mode"] == "none")
-    step_idle = statistics.median(r["idle_ms_per_token"] for r in rows if r["mode"] == "step")
-    for mode in MODES:
+    # idle: the median over every timed step of the mode (all repetitions pooled; the first two steps
+    # after each restart dropped), steadier than a median of per-repetition medians on this machine
+    def pooled(mode: str) -> list[float]:
+        return [x for s in samples if s["mode"] == mode for x in s["idle_ms"][2:]]
+
+    none_idle = pooled("none")
+    floor = [x for s in samples if s["mode"] == "direct" for x in s["latency_ms"]]
+    floor_mean = float(np.mean(floor))
+    out["direct"] = {"latency": _stats(floor)}
+    if overhead and overhead.get("none"):
+        base = overhead["none"]
+        out["polling_overhead_ms"] = {
+            m: {"median": float(np.median(np.subtract(overhead[m], base))),
+                "p25": float(np.percentile(np.subtract(overhead[m], base), 25)),
+                "p75": float(np.percentile(np.subtract(overhead[m], base), 75)), "rounds": len(base)}
+            for m in ("node", "split")}
+    per_rep = [r["idle_ms_per_token"] for r in rows if r["mode"] == "none"]
+    out["none"] = {"idle_ms_per_token": statistics.median(none_idle), "idle_spread": [min(per_rep), max(per_rep)]}
+    for mode in ("step", "node", "split"):
         rs = [r for r in rows if r["mode"] == mode]
-        ss = [s for s in samples if s["mode"] == mode]
-        lat = [x for s in ss for x in s["latency_ms"]]
-        idle = statistics.median(r["idle_ms_per_token"] for r in rs)
-        d: dict[str, Any] = {"idle_ms_per_token": idle, "idle_spread": [min(r["idle_ms_per_token"] for r in rs),
-                                                                          max(r["idle_ms_per_token"] for r in rs)],
-                             "overhead_idle_ms": idle - none_idle}
-        if lat:
-            d["latency"] = _stats(lat)
-            d["loaded_ms_per_token"] = statistics.median(r["loaded_ms_per_token"] for r in rs)
-            d["excl_serving_ms_per_token"] = statistics.median(r["loaded_ms_per_token_excl_serving"] for r in rs)
-            d["serving_ms_per_token"] = statistics.median(r["serving_ms_per_token"] for r in rs)
-            d["overhead_loaded_ms"] = d["excl_serving_ms_per_token"] - none_idle
-            d["node_polls_per_token"] = statistics.median(r["node_polls_per_token"] for r in rs)
-            d["chunk_polls_per_token"] = statistics.median(r["chunk_polls_per_token"] for r in rs)
-            wait = predicted_wait_ms.get(mode, step_idle / 2)
-            d["predicted_latency_mean_ms"] = wait + n_ms
+        lat = [x for s in samples if s["mode"] == mode for x in s["latency_ms"]]
+        idle = pooled(mode)
+        d: dict[str, Any] = {"idle_ms_per_token": statistics.median(idle),
+                             "idle_spread": [min(r["idle_ms_per_token"] for r in rs), max(r["idle_ms_per_token"] for r in rs)],
+                             "overhead_idle_ms": statistics.median(idle) - out["none"]["idle_ms_per_token"],
+                             "latency": _stats(lat),
+                             "loaded_ms_per_token": statistics.median(r["loaded_ms_per_token"] for r in rs),
+                             "excl_serving_ms_per_token": statistics.median(r["loaded_ms_per_token_excl_serving"] for r in rs),
+                             "serving_ms_per_token": statistics.median(r["serving_ms_per_token"] for r in rs),
+                             "node_polls_per_token": statistics.median(r["node_polls_per_token"] for r in rs),
+                             "chunk_polls_per_token": statistics.median(r["chunk_polls_per_token"] for r in rs)}
+        d["overhead_loaded_ms"] = d["excl_serving_ms_per_token"] - out["none"]["idle_ms_per_token"]
+        # the floor plus the wait the model predicts: behind the step for (a) (the sender's posts follow
+        # its results, which come at step ends), behind the node or piece the task lands in for (b)/(c)
+        wait = (closed_loop_step_wait(d["loaded_ms_per_token"], gap_ms) if mode == "step"
+                else predicted_wait_ms[mode])
+        d["predicted_wait_ms"] = wait
+        d["predicted_latency_mean_ms"] = floor_mean + wait
         out[mode] = d
     return out
 
@@ -291,28 +361,43 @@ def _markdown(doc: dict[str, Any]) -> str:
              f"Split plan (slack K - N = {st['slack_ms']} ms, threshold 5% of a {st['hot_step_ms']:.0f} ms hot "
              f"iteration = {doc['plan']['threshold_ms']:.2f} ms): {doc['plan']['reason']}, cuts "
              + (", ".join(f"`{k}` x{v}" for k, v in doc["plan"]["pieces"].items()) or "none") + ".", "",
-             "Cold ms/token: idle = polling points only, no task; loaded = under the offered load with the "
+             "Cold ms/token: idle = polling points only, no task (median of every step of the mode, repetitions "
+             "pooled); loaded = under the offered load with the "
              "serving time taken out (serving = the tasks' own compute per token, the same work in every mode); "
-             "overhead = against `none`.", "",
+             "overhead = against `none`. Predicted mean = the `direct` floor's mean + the modelled wait: for (a) "
+             "the rest of the step the task lands in (its sender posts an exponential gap after its previous "
+             "result, which came at a step end: S / (1 - exp(-S/gap)) - gap, S the loaded step), for (b) and (c) "
+             "the splitting model's E[W] over the recorded node times (uncut, and cut as planned).", "",
              "| mode | polls / token (node + chunk) | latency ms p50 | p90 | p99 | mean | predicted mean | "
              "cold ms/token idle | loaded | serving | cold overhead idle / loaded |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    names = {"none": "none (no polling)", "step": "(a) between steps", "node": "(b) + every node",
+    names = {"none": "none (no polling)", "direct": "direct (receiver only polls)", "step": "(a) between steps", "node": "(b) + every node",
              "split": "(c) + splitting"}
-    for mode in MODES:
+    d = s["none"]
+    lines.append(f"| {names['none']} | - | - | - | - | - | - | {d['idle_ms_per_token']:.1f} "
+                 f"(repetitions {d['idle_spread'][0]:.1f}-{d['idle_spread'][1]:.1f}) | - | - | reference |")
+    la = s["direct"]["latency"]
+    lines.append(f"| {names['direct']} | - | {la['median']:.1f} | {la['p90']:.1f} | {la['p99']:.1f} | {la['mean']:.1f} | "
+                 "floor | - | - | - | - |")
+    for mode in ("step", "node", "split"):
         d = s[mode]
-        if "latency" not in d:
-            lines.append(f"| {names[mode]} | - | - | - | - | - | - | {d['idle_ms_per_token']:.1f} | - | - | reference |")
-            continue
         la = d["latency"]
         lines.append(f"| {names[mode]} | {d['node_polls_per_token']:.0f} + {d['chunk_polls_per_token']:.0f} | "
                      f"{la['median']:.1f} | {la['p90']:.1f} | {la['p99']:.1f} | {la['mean']:.1f} | "
                      f"{d['predicted_latency_mean_ms']:.1f} | {d['idle_ms_per_token']:.1f} | "
                      f"{d['excl_serving_ms_per_token']:.1f} | {d['serving_ms_per_token']:.1f} | "
                      f"{d['overhead_idle_ms']:+.1f} / {d['overhead_loaded_ms']:+.1f} ms |")
+    if "polling_overhead_ms" in s:
+        po = s["polling_overhead_ms"]
+        lines += ["", f"Polling points' own cost, no task posted ({po['node']['rounds']} rounds of single steps "
+                  "alternated none / node / split, difference to `none` within a round, median [p25, p75]): "
+                  + ", ".join(f"{m} {po[m]['median']:+.2f} ms [{po[m]['p25']:+.2f}, {po[m]['p75']:+.2f}]"
+                              for m in ("node", "split")) + "."]
     a, b, c = (s[m].get("latency", {}).get("mean") for m in ("step", "node", "split"))
     if a and b and c:
-        lines += ["", f"Mean task latency: (a) -> (b) {a / b:.2f}x lower, (b) -> (c) {100 * (1 - c / b):.0f}% lower. "
+        pa, pb, pc = (s[m]["latency"]["p99"] for m in ("step", "node", "split"))
+        lines += ["", f"Mean task latency: (a) -> (b) {a / b:.2f}x lower, (b) -> (c) {100 * (1 - c / b):.0f}% lower; "
+                  f"p99 {pa:.1f} -> {pb:.1f} -> {pc:.1f} ms. "
                   "Seed 003 (GPU, Llama-3-8B): GPU-driven control flow cut the sender's TPOT 4.83x for +1.8 ms of "
                   "cold TPOT; operator splitting a further 9.5% for +0.7 ms (+2.5 ms in all, < 10%). "
                   "This is the CPU analogue: latencies here are the task's, not a hot model's TPOT."]
