@@ -5,7 +5,8 @@ Hosts are network namespaces on a private bridge with shaped links (scripts/netn
 ranks are `oallama.collective.launch` workers (`collective.selftest`). Per link rate and topology
 (2 hosts x 2 ranks: the seed's setting; 2 hosts x 1 rank: no intra-host stage, and no more ranks
 than this 2-core machine has cores), the whole self-test runs --reps times; the table gives the
-median over repetitions of each run's mean seconds per call. Needs root (namespaces, tc).
+median over repetitions of each run's median call (the algorithms alternate call by call, each call
+started together after a barrier). Needs root (namespaces, tc).
 
     sudo .venv/bin/python scripts/bench_allreduce.py [--rates 1gbit,100mbit] [--reps 2] [-o DIR]
 
@@ -38,11 +39,13 @@ def main() -> int:
     ap.add_argument("--rates", default="1gbit,100mbit")
     ap.add_argument("--topologies", default="2x2,2x1", help="HOSTSxRANKS, comma-separated")
     ap.add_argument("--delay-ms", type=float, default=0.2, help="one-way delay (applied only with netem)")
-    ap.add_argument("--iters", type=int, default=10, help="calls per size and algorithm in one run")
+    ap.add_argument("--iters", type=int, default=10, help="calls per size and algorithm in one run (alternated)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="float32 elements per all-reduce, comma-separated")
     ap.add_argument("--reps", type=int, default=2, help="runs per rate and topology")
     ap.add_argument("--raw-dir", default="build/bench-allreduce-raw")
     ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-allreduce"))
     args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     chk = netns_hosts.check()
     if not all(chk.get(k) is True for k in ("ip_netns", "veth", "tc_tbf")):
@@ -58,7 +61,7 @@ def main() -> int:
                 load0 = os.getloadavg()[0]
                 try:
                     out = Path(args.raw_dir) / f"{rate}-{tspec}-{rep}"
-                    rank = C.selftest(topo, out, sizes=",".join(map(str, SIZES)), iters=args.iters, count_n=3072,
+                    rank = C.selftest(topo, out, sizes=args.sizes, iters=args.iters, count_n=3072,
                                       check_sizes="1000", timeout_s=1200, netns=hosts.namespaces,
                                       ifnames=hosts.ifnames, master_addr=hosts.addrs[0])[0]
                     shaping = hosts.shaping
@@ -73,14 +76,15 @@ def main() -> int:
                 print(json.dumps({k: row[k] for k in ("rate", "topology", "rep", "load_avg_start")}), file=sys.stderr)
     doc = {"schema": "oallama.bench-allreduce/1", "commit": git_commit(), "date": str(date.today()),
            "device": {"machine": platform.node(), "cpu_count": os.cpu_count()}, "netns_check": chk,
-           "settings": {"sizes_elements": SIZES, "iters": args.iters, "reps": args.reps, "delay_ms": args.delay_ms},
+           "settings": {"sizes_elements": sizes, "iters": args.iters, "timing": "algorithms alternated call by call, "
+                        "each call after a barrier, median call", "reps": args.reps, "delay_ms": args.delay_ms},
            "runs": runs}
     (args.out / "allreduce.json").write_text(json.dumps(doc, indent=1))
     rows = []
     for rate in args.rates.split(","):
         for tspec in args.topologies.split(","):
             rs = [r for r in runs if r["rate"] == rate and r["topology"] == tspec]
-            for n in SIZES:
+            for n in sizes:
                 med = {a: statistics.median(r["seconds_per_call"][a][n] for r in rs) * 1e3 for a in C.ALGORITHMS}
                 rows.append({"rate": rate, "topology": tspec, "elements": n, "bytes": 4 * n,
                              **{f"{a}_ms": round(v, 3) for a, v in med.items()},

@@ -154,7 +154,13 @@ class Collective:
         # every rank creates every group, in the same order (torch.distributed's rule)
         self.host_groups = [dist.new_group(topo.ranks_on(h)) for h in range(topo.n_hosts)]
         self.host_group = self.host_groups[self.host]
-        self.lm_group = dist.new_group(topo.local_masters)
+        # every rank a local master (one rank per host): the LM group is the world; use the world's
+        # transport context rather than a second one over the same ranks (measured: the second one's
+        # small messages cost more, see bench/results/2026-11-23-vm-allreduce)
+        if list(topo.local_masters) == list(range(topo.world_size)):
+            self.lm_group = dist.group.WORLD
+        else:
+            self.lm_group = dist.new_group(topo.local_masters)
         self.shm = None
         self._cuda: CudaIpcStage | None = None
         intra = self.options.intra
@@ -247,7 +253,8 @@ class Collective:
         if self.shm is not None:
             self.shm.close()
             self.shm = None
-        groups = [*self.host_groups, self.lm_group]
+        world = self._dist.group.WORLD
+        groups = [*self.host_groups, *([self.lm_group] if self.lm_group is not world else [])]  # the world stays
         self.host_groups, self.host_group, self.lm_group = [], None, None
         _destroy_groups(self._dist, groups)
         _live.discard(self)

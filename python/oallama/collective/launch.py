@@ -150,9 +150,11 @@ def _rank_input(rank: int, n: int, seed: int) -> np.ndarray:
 def _worker(args: argparse.Namespace) -> int:
     out = Path(args.out)
     results: dict[str, Any] = {"rank": int(os.environ[ENV_RANK]), "algorithms": {}}
+    colls: dict[str, Collective] = {}
     for alg in args.algorithms.split(","):
         coll = init_from_env(CollectiveOptions(algorithm=alg, intra=args.intra, shm_slot_bytes=args.slot_bytes,
                                                timeout_s=args.timeout, pipeline_bytes=args.pipeline_bytes))
+        colls[alg] = coll
         topo, rank = coll.topo, coll.rank
         res: dict[str, Any] = {"intra": coll.intra if alg == "tree" else "transport"}
         # correctness: all_reduce, reduce + broadcast, all_gather
@@ -176,21 +178,34 @@ def _worker(args: argparse.Namespace) -> int:
         if args.wire_sizes:
             res["wire"] = _observe_wire(coll, [int(s) for s in args.wire_sizes.split(",")], args.wire_calls,
                                         f"{os.environ.get(ENV_JOB, 'job')}/{alg}")
-        # timing
-        timing = {}
-        for n in [int(s) for s in args.sizes.split(",") if s]:
-            x = np.ones(n, np.float32)
-            coll.barrier()
-            coll.all_reduce(x)  # warm-up
-            coll.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                coll.all_reduce(x)
-            timing[str(n)] = (time.perf_counter() - t0) / args.iters
-        res["seconds_per_call"] = timing
-        coll.barrier()
-        coll.close()
         results["algorithms"][alg] = res
+    # timing: the algorithms alternate call by call (rotated order), each call started together on
+    # every rank (a barrier, not timed) and timed alone; seconds_per_call is the median call. Timing
+    # one algorithm after another favoured whichever came last (warm connections, a quieter machine),
+    # and a mean of a few calls was one scheduling hiccup away from doubling at small sizes.
+    algs = list(colls)
+    for n in [int(s) for s in args.sizes.split(",") if s]:
+        x = np.ones(n, np.float32)
+        calls: dict[str, list[float]] = {a: [] for a in algs}
+        for a in algs:  # warm-up
+            for _ in range(2):
+                colls[a].all_reduce(x)
+        for i in range(args.iters):
+            for a in algs[i % len(algs):] + algs[:i % len(algs)]:
+                colls[a].barrier()
+                t0 = time.perf_counter()
+                colls[a].all_reduce(x)
+                calls[a].append(time.perf_counter() - t0)
+        for a in algs:
+            res = results["algorithms"][a]
+            res.setdefault("seconds_per_call", {})[str(n)] = float(np.median(calls[a]))
+            res.setdefault("seconds_per_call_mean", {})[str(n)] = float(np.mean(calls[a]))
+            res.setdefault("seconds_calls", {})[str(n)] = calls[a]
+    for a in algs:
+        results["algorithms"][a].setdefault("seconds_per_call", {})
+        colls[a].barrier()
+    for a in algs:
+        colls[a].close()
     shutdown()  # every process group destroyed: gloo's threads are gone before the interpreter ends
     results["threads_after_shutdown"] = _thread_names()
     (out / f"rank{results['rank']}.json").write_text(json.dumps(results, indent=1))
