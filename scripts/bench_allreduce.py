@@ -61,9 +61,10 @@ def main() -> int:
                 load0 = os.getloadavg()[0]
                 try:
                     out = Path(args.raw_dir) / f"{rate}-{tspec}-{rep}"
-                    rank = C.selftest(topo, out, sizes=args.sizes, iters=args.iters, count_n=3072,
+                    reports = C.selftest(topo, out, sizes=args.sizes, iters=args.iters, count_n=3072,
                                       check_sizes="1000", timeout_s=1200, netns=hosts.namespaces,
-                                      ifnames=hosts.ifnames, master_addr=hosts.addrs[0])[0]
+                                      ifnames=hosts.ifnames, master_addr=hosts.addrs[0])
+                    rank = reports[0]
                     shaping = hosts.shaping
                 finally:
                     hosts.down()
@@ -71,7 +72,11 @@ def main() -> int:
                        "load_avg_end": os.getloadavg()[0],
                        "intra": {a: rank["algorithms"][a]["intra"] for a in C.ALGORITHMS},
                        "seconds_per_call": {a: {int(k): v for k, v in rank["algorithms"][a]["seconds_per_call"].items()}
-                                            for a in C.ALGORITHMS}}
+                                            for a in C.ALGORITHMS},
+                       # the tree's stages per call (means), on rank 0 (a local master, the GM) and rank 1
+                       "tree_stages_ms": {r["rank"]: {int(k): {st: v * 1e3 for st, v in d.items()}
+                                                      for k, d in r["algorithms"]["tree"]["stage_seconds_per_call"].items()}
+                                          for r in reports[:2]}}
                 runs.append(row)
                 print(json.dumps({k: row[k] for k in ("rate", "topology", "rep", "load_avg_start")}), file=sys.stderr)
     doc = {"schema": "oallama.bench-allreduce/1", "commit": git_commit(), "date": str(date.today()),
@@ -101,6 +106,20 @@ def main() -> int:
         size = f"{r['bytes'] // 1024} KiB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MiB"
         lines.append(f"| {r['rate']} | {r['topology']} | {size} | {r['tree_ms']:.2f} | {r['ring_ms']:.2f} | "
                      f"{r['star_ms']:.2f} | {r['tree_vs_star']:.2f} | {r['tree_vs_ring']:.2f} |")
+    lines += ["", "The tree's stages, mean ms per call (median over runs) on rank 0 (a local master) and rank 1 "
+              "(2x2: rank 0's host peer; 2x1: the other host's local master): (1) the host's sum in shared memory, "
+              "(2)-(3) the inter-host exchange, (4) the barrier and the copy out.", "",
+              "| rate | hosts x ranks | message | tree ms (median call) | rank 0: (1) / (2)-(3) / (4) | rank 1: (1) / (2)-(3) / (4) |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        rs = [x for x in runs if x["rate"] == r["rate"] and x["topology"] == r["topology"]]
+        cells = []
+        for rk in (0, 1):
+            st = {k: statistics.median(x["tree_stages_ms"][rk][r["elements"]][k] for x in rs)
+                  for k in ("intra_up", "inter", "intra_down")}
+            cells.append(f"{st['intra_up']:.2f} / {st['inter']:.2f} / {st['intra_down']:.2f}")
+        size = f"{r['bytes'] // 1024} KiB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MiB"
+        lines.append(f"| {r['rate']} | {r['topology']} | {size} | {r['tree_ms']:.2f} | {cells[0]} | {cells[1]} |")
     (args.out / "allreduce.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"commit {doc['commit'][:9]}")

@@ -307,8 +307,10 @@ class Collective:
         if len(self.local_ranks) == 1:  # alone on its host: no intra-host stage, only (2)-(3), in
             # the chunks the other hosts' segments take (the same slot size everywhere)
             cap = int(self.shm.capacity) if self.shm is not None else max(flat.size, 1)
+            t0 = time.perf_counter()
             for c0 in range(0, max(flat.size, 1), cap) if len(lms) > 1 else ():
                 self._inter_host(flat[c0 : c0 + cap], up, down)
+            self.counters.stage_inter_seconds += time.perf_counter() - t0
             return
         if self.shm is None:  # intra-host stage over the transport (p2p to/from the LM)
             if up:
@@ -319,22 +321,29 @@ class Collective:
                 self._scatter_copy(flat, self.lm, self.local_ranks, self.host_group)
             return
         cap = int(self.shm.capacity)
+        c = self.counters
         for c0 in range(0, max(flat.size, 1), cap):
             part = flat[c0 : c0 + cap]
+            t0 = time.perf_counter()
             if up:
                 self.shm.reduce(part)  # (1) the host's sum in the segment's result area
-                self.counters.shm_bytes += part.nbytes
+                c.shm_bytes += part.nbytes
             else:  # broadcast only: nobody may still be reading the previous result
                 self.shm.barrier()
                 if self.rank == self.gm:
                     self.shm.write(part)
-                    self.counters.shm_bytes += part.nbytes
+                    c.shm_bytes += part.nbytes
+            t1 = time.perf_counter()
             if is_lm and len(lms) > 1:
                 # the LMs exchange the segment directly: (2) up, (3) down
                 self._inter_host(self.shm.result_view(part.size), up, down)
+            t2 = time.perf_counter()
             self.shm.barrier()  # the LM is done with (2)-(3)
             if down or self.rank == self.gm:
                 self.shm.read(part)  # (4)
+            c.stage_intra_up_seconds += t1 - t0
+            c.stage_inter_seconds += t2 - t1
+            c.stage_intra_down_seconds += time.perf_counter() - t2
 
     def _inter_host(self, buf: np.ndarray, up: bool, down: bool) -> None:
         """Stages (2)-(3) on a local master: hosts-1 messages up to the GM, hosts-1 down; for an

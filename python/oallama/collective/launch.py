@@ -187,9 +187,11 @@ def _worker(args: argparse.Namespace) -> int:
     for n in [int(s) for s in args.sizes.split(",") if s]:
         x = np.ones(n, np.float32)
         calls: dict[str, list[float]] = {a: [] for a in algs}
-        for a in algs:  # warm-up
-            for _ in range(2):
+        # warm-up, the same count on every rank: a fresh job's first small calls run slow for a while
+        for a in algs:
+            for _ in range(10 if x.nbytes <= 1 << 20 else 2):
                 colls[a].all_reduce(x)
+        before = {a: colls[a].counters.to_dict() for a in algs}
         for i in range(args.iters):
             for a in algs[i % len(algs):] + algs[:i % len(algs)]:
                 colls[a].barrier()
@@ -198,6 +200,10 @@ def _worker(args: argparse.Namespace) -> int:
                 calls[a].append(time.perf_counter() - t0)
         for a in algs:
             res = results["algorithms"][a]
+            after = colls[a].counters.to_dict()
+            res.setdefault("stage_seconds_per_call", {})[str(n)] = {
+                k.removeprefix("stage_").removesuffix("_seconds"): (after[k] - before[a][k]) / max(args.iters, 1)
+                for k in after if k.startswith("stage_")}
             res.setdefault("seconds_per_call", {})[str(n)] = float(np.median(calls[a]))
             res.setdefault("seconds_per_call_mean", {})[str(n)] = float(np.mean(calls[a]))
             res.setdefault("seconds_calls", {})[str(n)] = calls[a]

@@ -92,6 +92,10 @@ class Counters:
     intra_bytes: int = 0
     shm_bytes: int = 0  # bytes this rank wrote into the host's shared-memory segment
     modelled_msgs: int = 0  # of the messages above, those taken from ring_sends (gloo-internal)
+    # tree, shared-memory path: wall seconds this rank spent in each stage, summed over calls
+    stage_intra_up_seconds: float = 0.0    # (1) the host's sum in the segment (waits for the host's ranks)
+    stage_inter_seconds: float = 0.0       # (2)-(3) on a local master: the inter-host exchange
+    stage_intra_down_seconds: float = 0.0  # the segment barrier after (2)-(3), and (4) copying the result
     other_calls: int = 0  # reduce/broadcast/all_gather/barrier calls (head, Megatron mode)
     other_seconds: float = 0.0
 
