@@ -26,12 +26,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from oallama.model import gguf_file
 from oallama.planner.schedmodel import expert_fraction
+from repredict_table import METRICS, ErrorTable, metrics
 
-METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 OFFLOAD_MIN_BATCH = 32  # ggml-cuda's default: a host weight's op moves to the GPU from this batch
 
 
@@ -103,7 +101,7 @@ def main() -> int:
     print("|---|---|---|")
     for name, (_, e, k) in sorted(models.items()):
         print(f"| {name} | {k} / {e} | {cal[name]:.2f} |")
-    errs: dict[str, dict[str, list[float]]] = {w: {k: [] for k in METRICS} for w in ("old", "new")}
+    table = ErrorTable()
     print("\n| model | strategy | budget | prompt | TTFT ms | old | new | TPOT ms | old | new | e2e ms | old | new |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for spec, plan, meas in sorted(rows, key=lambda r: (r[0]["config"]["model_name"], r[0]["config"]["prompt"],
@@ -114,23 +112,10 @@ def main() -> int:
             whole, mv = moved(name, _streamed(plan, int(n), models[name][0], cfg["op_offload"]), int(n))
             new_stream = p["stream_ms"] * (mv / whole) * cal[name] if whole else p["stream_ms"]
             passes[int(n)] = p["total_ms"] - p["stream_ms"] + new_stream
-        wl = plan["workload"]  # the prompt's passes: full ubatches, then the rest
-        full, rest = divmod(int(wl["prompt"]), int(wl["n_ubatch"]))
-        ttft = full * passes.get(int(wl["n_ubatch"]), 0.0) + (passes[rest] if rest else 0.0)
-        new = {"ttft_ms": ttft, "tpot_ms": passes[1], "e2e_ms": ttft + (cfg["gen"] - 1) * passes[1]}
+        new = metrics(passes, plan["workload"], cfg["gen"])
         old = {k: plan["predicted"][k] for k in METRICS}
-        for k in METRICS:
-            errs["old"][k].append(abs(old[k] - meas[k]) / meas[k])
-            errs["new"][k].append(abs(new[k] - meas[k]) / meas[k])
-        print(f"| {name} | {cfg['strategy']} | {cfg['budget']} | {cfg['prompt']} | "
-              + " | ".join(f"{meas[k]:.1f} | {old[k]:.1f} | {new[k]:.1f}" for k in METRICS) + " |")
-    print("\n| prediction | metric | configs | median error | p90 | max |")
-    print("|---|---|---|---|---|---|")
-    for w in ("old", "new"):
-        for k in METRICS:
-            v = errs[w][k]
-            print(f"| {w} | {k} | {len(v)} | {100 * statistics.median(v):.1f}% | "
-                  f"{100 * float(np.percentile(v, 90)):.1f}% | {100 * max(v):.1f}% |")
+        print(f"| {name} | {cfg['strategy']} | {cfg['budget']} | {cfg['prompt']} | {table.add(meas, old, new)} |")
+    print(table.summary())
     return 0
 
 

@@ -22,11 +22,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from oallama.model import gguf_file
+from repredict_table import METRICS, ErrorTable, metrics
 
-METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 OFFLOAD_MIN_BATCH = 32  # ggml-cuda's default: a host weight's op moves to the GPU from this batch
 
 
@@ -112,7 +110,7 @@ def main() -> int:
           f"not used in the fit.\n")
     print("| model | strategy | budget | TTFT ms | old | new | TPOT ms | old | new | e2e ms | old | new |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    errs: dict[str, dict[str, list[float]]] = {w: {k: [] for k in METRICS} for w in ("old", "new")}
+    table = ErrorTable()
     for c in sorted(rows, key=lambda c: (c["spec"]["config"]["model_name"], c["spec"]["config"]["budget"],
                                          c["spec"]["config"]["strategy"])):
         cfg = c["spec"]["config"]
@@ -120,24 +118,10 @@ def main() -> int:
             continue
         np_ = new_passes(c, rate)
         gen = cfg["gen"]
-        wl = c["plan"]["workload"]  # the prompt's passes: full ubatches, then the rest
-        full, rest = divmod(int(wl["prompt"]), int(wl["n_ubatch"]))
-        ttft = full * np_.get(int(wl["n_ubatch"]), 0.0) + (np_[rest] if rest else 0.0)
-        new = {"ttft_ms": ttft, "tpot_ms": np_[1], "e2e_ms": ttft + (gen - 1) * np_[1]}
+        new = metrics(np_, c["plan"]["workload"], gen)
         old = {k: c["plan"]["predicted"][k] for k in METRICS}
-        meas = c["measured"]
-        for k in METRICS:
-            errs["old"][k].append(abs(old[k] - meas[k]) / meas[k])
-            errs["new"][k].append(abs(new[k] - meas[k]) / meas[k])
-        print(f"| {cfg['model_name']} | {cfg['strategy']} | {cfg['budget']} | "
-              + " | ".join(f"{meas[k]:.1f} | {old[k]:.1f} | {new[k]:.1f}" for k in METRICS) + " |")
-    print("\n| prediction | metric | configs | median error | p90 | max |")
-    print("|---|---|---|---|---|---|")
-    for w in ("old", "new"):
-        for k in METRICS:
-            v = errs[w][k]
-            print(f"| {w} | {k} | {len(v)} | {100 * statistics.median(v):.1f}% | "
-                  f"{100 * float(np.percentile(v, 90)):.1f}% | {100 * max(v):.1f}% |")
+        print(f"| {cfg['model_name']} | {cfg['strategy']} | {cfg['budget']} | {table.add(c['measured'], old, new)} |")
+    print(table.summary())
     return 0
 
 
