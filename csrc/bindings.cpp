@@ -643,4 +643,58 @@ PYBIND11_MODULE(_core, m) {
     m.def("arch_is_supported", &oallama_arch_is_supported, py::arg("arch"));
 
     m.def("type_name", [](int type) { return std::string(ggml_type_name(static_cast<ggml_type>(type))); });
+
+    m.def("pareto_walk", [](const py::list & stages, int64_t base, double t0, int64_t cap, double limit,
+                            int64_t max_entries, double max_seconds) -> py::object {
+        using i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+        using f64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
+        std::vector<py::object> keep;  // the converted arrays live until the walk ends
+        std::vector<oallama_pareto_stage> st;
+        for (const py::handle & h : stages) {
+            auto t = h.cast<py::tuple>();
+            if (t.size() != 8) {
+                throw std::invalid_argument("pareto_walk: a stage is (src, dst, db, sw, dt, n_states, least_next, rest_next)");
+            }
+            i64 src = t[0].cast<i64>(), dst = t[1].cast<i64>(), db = t[2].cast<i64>(), sw = t[3].cast<i64>();
+            f64 dt = t[4].cast<f64>();
+            i64 least = t[6].cast<i64>();
+            f64 rest = t[7].cast<f64>();
+            const int64_t n = src.size();
+            if (dst.size() != n || db.size() != n || sw.size() != n || dt.size() != n || rest.size() != least.size()) {
+                throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": edge arrays differ in length");
+            }
+            const int64_t n_states = t[5].cast<int64_t>();
+            for (int64_t e = 0; e < n; ++e) {
+                if (src.data()[e] < 0 || src.data()[e] >= n_states || dst.data()[e] < 0 || dst.data()[e] >= least.size()) {
+                    throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": edge " +
+                                                std::to_string(e) + " names a state out of range");
+                }
+            }
+            st.push_back({n, src.data(), dst.data(), db.data(), sw.data(), dt.data(), n_states, least.data(), rest.data()});
+            keep.insert(keep.end(), {src, dst, db, sw, dt, least, rest});
+        }
+        oallama_pareto_result r;
+        int rc;
+        {
+            py::gil_scoped_release unlock;
+            rc = oallama_pareto_walk(st, base, t0, cap, limit, max_entries, max_seconds, r);
+        }
+        if (rc == OALLAMA_PARETO_NONE) {
+            return py::none();
+        }
+        if (rc == OALLAMA_PARETO_TIMEOUT) {
+            throw std::length_error("pareto_walk: " + std::to_string(max_seconds) + " s passed at stage " +
+                                    std::to_string(r.stage));
+        }
+        if (rc == OALLAMA_PARETO_TOO_LARGE) {
+            throw std::length_error("pareto_walk: " + std::to_string(r.max_entries) + " front entries at stage " +
+                                    std::to_string(r.stage) + " (max " + std::to_string(max_entries) + ")");
+        }
+        return py::make_tuple(r.t, r.b, py::array_t<int64_t>(static_cast<py::ssize_t>(r.edges.size()), r.edges.data()),
+                              r.max_entries);
+    }, py::arg("stages"), py::arg("base"), py::arg("t0"), py::arg("cap"), py::arg("limit"), py::arg("max_entries"),
+       py::arg("max_seconds"),
+       "Least-time path through a layered graph of placement decisions within `cap` bytes (see oallama.h,\n"
+       "oallama_pareto_walk): (us, bytes, edge per stage, largest front) or None; raises ValueError when a\n"
+       "stage's fronts exceed max_entries or max_seconds pass.");
 }

@@ -413,3 +413,50 @@ std::vector<int> oallama_quant_compute_types(const oallama_quant_model_desc & de
                                              const std::vector<std::string> & names,
                                              const std::vector<std::vector<int64_t>> & shapes,
                                              llama_ftype ftype);
+
+// ---------------------------------------------------------------------------------------------
+// exact placement search (pareto.cpp)
+//
+// The inner loop of python/oallama/planner/chaindp.py: a least-time path through a layered graph
+// of placement decisions (stage j decides one weight or one layer's KV) within a byte budget. Each
+// edge fixes `db` bytes on the accelerator, may stream a weight of `sw` bytes (the compute buffer
+// then needs room for the largest streamed weight, charged once), and adds `dt` us. Label setting:
+// per state, the Pareto front of (bytes, us) for each largest streamed size, pruned by the budget
+// (with the least bytes the rest of the walk fixes, `least_next`) and by `limit` us (with a lower
+// bound of the us the rest adds, `rest_next`).
+//
+//     std::vector<oallama_pareto_stage> stages = {{n_edges, src, dst, db, sw, dt, n_states, least_next, rest_next}, ...};
+//     oallama_pareto_result r;
+//     if (oallama_pareto_walk(stages, base, t0, cap, INFINITY, 400000, 10.0, r) == OALLAMA_PARETO_OK) {
+//         // r.t: least us; r.edges[j]: the edge taken at stage j
+//     }
+
+enum oallama_pareto_status {
+    OALLAMA_PARETO_OK        = 0,
+    OALLAMA_PARETO_NONE      = 1,  // no path within the budget and the limit
+    OALLAMA_PARETO_TOO_LARGE = 2,  // a stage's fronts exceeded max_entries (result.stage, result.max_entries)
+    OALLAMA_PARETO_TIMEOUT   = 3,  // max_seconds passed before result.stage
+};
+
+struct oallama_pareto_stage {
+    int64_t         n_edges;
+    const int64_t * src;         // [n_edges] state of the previous stage
+    const int64_t * dst;         // [n_edges] state of this stage
+    const int64_t * db;          // [n_edges] bytes fixed
+    const int64_t * sw;          // [n_edges] bytes of the weight streamed (0: none)
+    const double *  dt;          // [n_edges] us
+    int64_t         n_states;    // states of the previous stage
+    const int64_t * least_next;  // [states of this stage] least bytes the rest of the walk fixes
+    const double *  rest_next;   // [states of this stage] least us the rest of the walk adds (a bound)
+};
+
+struct oallama_pareto_result {
+    double               t = 0.0;       // us of the best path (t0 included)
+    int64_t              b = 0;         // its bytes
+    std::vector<int64_t> edges;         // [stages] edge taken
+    int64_t              max_entries = 0;  // largest front (entries of one stage)
+    int64_t              stage = -1;    // OALLAMA_PARETO_TOO_LARGE: where
+};
+
+int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_t base, double t0, int64_t cap,
+                        double limit, int64_t max_entries, double max_seconds, oallama_pareto_result & result);

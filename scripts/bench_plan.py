@@ -49,7 +49,7 @@ def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps:
         total.append(time.perf_counter() - t2)
         algo.append(float(p.extra.get("solve_seconds_total", 0.0)) if strategy == "optimal" else t2 - t1)
     keep = ("vars", "rows", "solve_seconds_total", "rounds", "n_gpu_layers", "n_cpu_moe", "attempts", "winner", "solver_status",
-            "mip_gap")
+            "mip_gap", "modes")
     return {"budget": budget_text, "strategy": strategy, "algorithm_s_median": statistics.median(algo),
             "algorithm_s_stdev": statistics.stdev(algo) if len(algo) > 1 else 0.0,
             "with_memory_check_s_median": statistics.median(total),
@@ -73,6 +73,8 @@ def main() -> int:
                     "solver limits (comma-separated seconds), predicted objective beside the limit")
     ap.add_argument("--no-calibrate", action="store_true", help="plan with the one-op profile alone (a shape-only "
                     "model's zero weights cannot be run for the calibration)")
+    ap.add_argument("--no-op-offload", action="store_true", help="plan without per-weight op offload (no weight "
+                    "is streamed: llama.cpp's op_offload off)")
     ap.add_argument("--model-dir", default="build/bench-models")
     ap.add_argument("-o", "--out", default=None, help="results directory (default bench/results/<date>-<machine>/plan)")
     args = ap.parse_args()
@@ -95,7 +97,8 @@ def main() -> int:
 
             prof = profile_model(model, ["CPU", acc.name], threads=args.threads, n_tokens=DEFAULT_TOKENS,
                                  n_ctx=wl.n_ctx, calibrated=False)
-        ctx = plan.build_context(model, acc.name, wl, profile=prof, threads=args.threads, progress=True)
+        ctx = plan.build_context(model, acc.name, wl, profile=prof, threads=args.threads, progress=True,
+                                 op_offload=not args.no_op_offload)
         context_s = time.perf_counter() - t0
         rows = []
         for budget_text in args.budget.split(","):
@@ -115,13 +118,16 @@ def main() -> int:
                   "results": rows}
         out = Path(args.out or f"bench/results/{date.today()}-{platform.node()}/plan")
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"plan_time_{args.preset}.json").write_text(json.dumps(record, indent=1))
+        stem = f"plan_time_{args.preset}{'_no_op_offload' if args.no_op_offload else ''}"
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
         md = [f"# Planning time, {args.preset} {args.type} ({ctx.n_layer} layers, "
               f"{ctx.model.weight_bytes / 2**30:.1f} GiB, {record['model']['target_ops']} target ops over "
-              f"{len(ctx.passes)} passes), workload prompt {wl.prompt} / gen {wl.gen}",
+              f"{len(ctx.passes)} passes), workload prompt {wl.prompt} / gen {wl.gen}"
+              f"{', op offload off' if args.no_op_offload else ''}",
               "", f"Machine: {_cpu_name()}, accelerator {acc.name} ({acc.kind}); threads {ctx.settings['threads']}; "
               f"llama.cpp {build_info()['llama_cpp_commit'][:9]}; median of {args.reps}.", "",
-              "'algorithm': the strategy's own computation (for optimal: HiGHS, both offload modes); "
+              "'algorithm': the strategy's own computation (for optimal: HiGHS and the dynamic program of "
+              "chaindp, both offload modes; the solver column names which proved or found the plan); "
               "'with memory checks': the whole make_plan, including metadata-only loads that check the plan "
               "against llama.cpp's memory accounting. The accelerator here is a loopback rpc-server (another "
               "CPU process): the predictions are for that device, not a GPU.", "",
@@ -130,10 +136,12 @@ def main() -> int:
               "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             ex = r["extra"]
+            methods = "+".join(sorted({m["method"] for m in (ex.get("modes") or {}).values() if m.get("method")}))
             solver = (f"--n-cpu-moe {ex.get('n_cpu_moe')}" if r["strategy"] == "n-cpu-moe" else
                       "" if r["strategy"] != "optimal" else
                       f"from {ex['winner']}" if ex.get("winner", "solver") != "solver" else
-                      "proven optimal" if float(ex.get("mip_gap") or 0) <= 1e-6 else f"gap {ex['mip_gap']:.1%}")
+                      f"proven optimal ({methods})" if float(ex.get("mip_gap") or 0) <= 1e-6 else
+                      f"gap {ex['mip_gap']:.1%} ({methods})")
             md.append(f"| {r['budget']} | {r['strategy']} | {r['algorithm_s_median']:.3f} ± {r['algorithm_s_stdev']:.3f} | "
                       f"{r['with_memory_check_s_median']:.2f} ± {r['with_memory_check_s_stdev']:.2f} | {solver} | "
                       f"{r['predicted_ttft_ms']:.1f} | {r['predicted_tpot_ms']:.1f} | {r['acc_MiB']:.0f} |")
@@ -148,7 +156,7 @@ def main() -> int:
                 gap = p.extra.get("mip_gap")
                 md.append(f"| {lim:g} | {time.perf_counter() - t0:.2f} | {p.predicted['e2e_ms']:.1f} | "
                           f"{'-' if gap is None else f'{gap:.1%}'} | {p.extra.get('winner')} |")
-        (out / f"plan_time_{args.preset}.md").write_text("\n".join(md) + "\n")
+        (out / f"{stem}.md").write_text("\n".join(md) + "\n")
         print("\n".join(md))
     finally:
         if server is not None:

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
-from oallama.planner import optimal
+from oallama.planner import chaindp, optimal
 from oallama.planner.calibrate import DeviceCalibration, OpFit
 from oallama.planner.plan import (
     STRATEGIES,
@@ -141,9 +141,10 @@ def _objective(ctx, p: Placement) -> float:
     return sum(w * ctx.passes[n].cost(p).total_us for n, w in ctx.workload.pass_weights().items())
 
 
+@pytest.mark.parametrize("method", ["milp", "dp"])
 @pytest.mark.parametrize("budget_share", [0.3, 0.7])
 @pytest.mark.parametrize("which", ["fast", "measured"])
-def test_optimal_equals_brute_force(which: str, budget_share: float, fast_ctx, measured_ctx) -> None:
+def test_optimal_equals_brute_force(which: str, budget_share: float, method: str, fast_ctx, measured_ctx) -> None:
     ctx = fast_ctx if which == "fast" else measured_ctx
     free = ["blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight",
             "output.weight"]
@@ -168,10 +169,67 @@ def test_optimal_equals_brute_force(which: str, budget_share: float, fast_ctx, m
             if best is None or cost < best[0]:
                 best = (cost, on, kv)
     sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
-                        fixed={w: False for w in others}, no_stream=others)
-    assert sol is not None and best is not None
+                        fixed={w: False for w in others}, no_stream=others, method=method)
+    assert sol is not None and best is not None and sol.method == method
     assert sol.objective_us == pytest.approx(best[0], rel=1e-6, abs=1e-6)
     assert _objective(ctx, sol.placement) == pytest.approx(sol.objective_us, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
+@pytest.mark.parametrize("full", [False, True], ids=["partial", "full"])
+@pytest.mark.parametrize("budget_share", [0.25, 0.6])
+@pytest.mark.parametrize("which", ["fast", "measured"])
+def test_the_dynamic_program_and_the_milp_agree(which: str, budget_share: float, full: bool, stream: bool, fast_ctx,
+                                                measured_ctx) -> None:
+    """Both solvers are exact on the same program, over every weight of a real graph: equal optima,
+    each the predicted time of its own placement (the MILP once counted a copy twice where a reader
+    on a fixed device and one on a varying device both needed it: every full-offload program)."""
+    ctx = fast_ctx if which == "fast" else measured_ctx
+    budget = int(budget_share * sum(ctx.weight_bytes.values())) + sum(ctx.kv_bytes.values())
+    passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
+    kw = {"weight_bytes": ctx.weight_bytes, "kv_bytes": ctx.kv_bytes, "budget": budget, "full": full, "stream": stream}
+    milp = optimal.solve(passes, **kw, method="milp", time_limit=120)
+    dp = optimal.solve(passes, **kw, method="dp")
+    assert milp is not None and dp is not None
+    assert milp.status == "Optimal" and dp.method == "dp"
+    assert dp.objective_us == pytest.approx(milp.objective_us, rel=1e-9, abs=1e-6)
+    for sol in (milp, dp):
+        assert _objective(ctx, sol.placement) == pytest.approx(sol.objective_us, rel=1e-9, abs=1e-6)
+        assert ctx.acc_bytes(sol.placement) <= budget
+
+
+def test_the_dynamic_program_stops_at_its_limits(fast_ctx) -> None:
+    ctx = fast_ctx
+    passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
+    kw = {"weight_bytes": ctx.weight_bytes, "kv_bytes": ctx.kv_bytes, "budget": sum(ctx.weight_bytes.values()) // 2}
+    with pytest.raises(chaindp.NotDecomposable, match="front entries"):
+        chaindp.solve(passes, **kw, max_entries=1)
+    with pytest.raises(chaindp.NotDecomposable, match=r"time limit|s passed"):
+        chaindp.solve(passes, **kw, time_limit=0.0)
+    # auto falls back to HiGHS and still returns the optimum
+    auto = optimal.solve(passes, **kw)
+    milp = optimal.solve(passes, **kw, method="milp")
+    assert auto is not None and milp is not None
+    assert auto.objective_us == pytest.approx(milp.objective_us, rel=1e-9)
+    with pytest.raises(ValueError, match="method 'fast'"):
+        optimal.solve(passes, **kw, method="fast")
+
+
+def test_the_walk_checks_its_input() -> None:
+    from oallama import _core
+
+    one = np.zeros(1, dtype=np.int64)
+    ok = (one, one, one, one, np.zeros(1), 1, one, np.zeros(1))
+    assert _core.pareto_walk([ok], 0, 5.0, 10, float("inf"), 10, 10.0)[0] == 5.0
+    with pytest.raises(ValueError, match="stage 0: edge arrays differ in length"):
+        _core.pareto_walk([(one, np.zeros(2, dtype=np.int64), one, one, np.zeros(1), 1, one, np.zeros(1))],
+                          0, 0.0, 10, float("inf"), 10, 10.0)
+    with pytest.raises(ValueError, match="stage 1: edge 0 names a state out of range"):
+        _core.pareto_walk([ok, (one + 3, one, one, one, np.zeros(1), 1, one, np.zeros(1))], 0, 0.0, 10,
+                          float("inf"), 10, 10.0)
+    # the budget: an edge fixing 20 bytes does not fit in 10
+    assert _core.pareto_walk([(one, one, one + 20, one, np.zeros(1), 1, one, np.zeros(1))], 0, 0.0, 10,
+                             float("inf"), 10, 10.0) is None
 
 
 def test_the_solvers_objective_and_cutoff_include_the_constant_part() -> None:

@@ -331,3 +331,11 @@ def quant_compute_types(hparams: dict[str, Any], names: Sequence[str], shapes: S
     """ggml type id llama-quantize gives each tensor for a llama_ftype (-1: keep source type)."""
 def quantize_rows(type: int, rows: npt.NDArray[np.float32]) -> bytes: ...
 def type_name(arg0: int) -> str: ...
+def pareto_walk(stages: Sequence[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                       npt.NDArray[np.int64], npt.NDArray[np.float64], int, npt.NDArray[np.int64]]],
+                base: int, t0: float, cap: int, limit: float, max_entries: int,
+                max_seconds: float) -> tuple[float, int, npt.NDArray[np.int64], int] | None:
+    """Least-time path through a layered graph of placement decisions within `cap` bytes: stages of
+    (src, dst, bytes fixed, bytes streamed, us, states before, least bytes after per state); returns
+    (us, bytes, edge per stage, largest front) or None; ValueError when a front exceeds max_entries
+    or max_seconds pass."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import highspy
 import numpy as np
 
+from . import chaindp
 from .schedmodel import NEVER, PassModel, Placement
 
 
@@ -110,16 +111,16 @@ class _Program:
         time, seeded with the best solution so far. A run cut short keeps its best solution and
         reports the remaining gap."""
         first = min(3.0, time_limit / 3)
-        result = self._run(first, cutoff, start, presolve=False)
+        result = self.run(first, cutoff, start, presolve=False)
         if result[0] == "Optimal" or time_limit - first <= 0.5:
             return result
         seed = start
         if math.isfinite(result[2]):
             seed = {i: float(round(result[1][i])) for i in range(len(self.lb)) if self.integer[i]}
-        second = self._run(time_limit - first, cutoff, seed, presolve=True)
+        second = self.run(time_limit - first, cutoff, seed, presolve=True)
         return second if second[2] <= result[2] else result
 
-    def _run(self, time_limit: float, cutoff: float | None, start: Mapping[int, float] | None,
+    def run(self, time_limit: float, cutoff: float | None, start: Mapping[int, float] | None,
              presolve: bool) -> tuple[str, np.ndarray, float, float]:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
@@ -162,6 +163,9 @@ class _Program:
         return status, x, float(info.objective_function_value), float(info.mip_gap)
 
 
+METHODS = ("auto", "milp", "dp")
+
+
 @dataclass
 class Solution:
     placement: Placement
@@ -174,13 +178,14 @@ class Solution:
     build_s: float = 0.0  # seconds building the program (the rest of solve_s is HiGHS)
     gap: float = 0.0  # relative MIP gap of the predicted time: <= 1e-6 when proven optimal, more when the
     #                   time limit cut the search
+    method: str = "milp"  # which solver found it: "milp" (HiGHS) or "dp" (chaindp, always exact)
 
 
 def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[str, int],
           kv_bytes: Mapping[int, int], budget: int, reserve: int = 0, full: bool = False,
           stream: bool = True, fixed: Mapping[str, bool] | None = None, no_stream: Collection[str] = (),
           time_limit: float = 60.0, cutoff_us: float | None = None,
-          start: Placement | None = None) -> Solution | None:
+          start: Placement | None = None, method: str = "auto") -> Solution | None:
     """Best placement for passes [(model, weight)] within `budget` accelerator bytes.
 
     reserve: compute-buffer bytes the accelerator needs as soon as anything runs there.
@@ -190,6 +195,9 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     cutoff_us: only look for solutions better than this objective (us), e.g. another mode's optimum.
     start: a known placement to start from (e.g. the best baseline); time_limit bounds the search,
     and a search cut short returns its best solution with the remaining gap.
+    method: "milp" (HiGHS), "dp" (`chaindp`: exact, raises chaindp.NotDecomposable where its fronts
+    or `time_limit` run out), "auto": HiGHS for a first short phase, then, unless that proved the
+    optimum, the dynamic program within half the time left, then HiGHS for the rest.
     Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it), or
     nothing beats the cutoff.
     """
@@ -305,21 +313,25 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
             else:
                 up_cost = pm.h2d.time_us(nbytes)
             down_cost = pm.d2h.time_us(nbytes)
+            # a copy is paid once per direction: where a reader on a fixed device already pays it,
+            # readers whose device varies add nothing in that direction (charging both counted the
+            # copy twice: every full-offload program, whose layer-pinned readers are constants)
+            diffs = [c.minus(se) for c in cons.values()]  # > 0: read on the accelerator, lives on the host
+            paid_up = any(d.constant and d.c > 0.5 for d in diffs)
+            paid_down = any(d.constant and d.c < -0.5 for d in diffs)
+            prog.offset += (up_cost * paid_up + down_cost * paid_down) * pass_weight
             up = down = None
-            for c in cons.values():
-                d = c.minus(se)  # > 0: read on the accelerator, lives on the host
+            for d in diffs:
                 if d.constant:
-                    if d.c > 0.5:
-                        prog.offset += up_cost * pass_weight
-                    elif d.c < -0.5:
-                        prog.offset += down_cost * pass_weight
                     continue
                 if up is None:
                     up, down = prog.var(0, 1), prog.var(0, 1)
-                    prog.cost[up] += up_cost * pass_weight
-                    prog.cost[down] += down_cost * pass_weight
-                prog.geq(_Lin(0, {up: 1}), c.minus(se))
-                prog.geq(_Lin(0, {down: 1}), se.minus(c))
+                    prog.cost[up] += 0.0 if paid_up else up_cost * pass_weight
+                    prog.cost[down] += 0.0 if paid_down else down_cost * pass_weight
+                if not paid_up:
+                    prog.geq(_Lin(0, {up: 1}), d)
+                if not paid_down:
+                    prog.geq(_Lin(0, {down: 1}), _Lin(-d.c, {k: -v for k, v in d.t.items()}))
         if pm.readback is not None:  # the logits, read back when computed on the accelerator
             prog.add_cost(dev[pm.readback[0]].affine(0.0, pm.d2h.time_us(pm.readback[1])), pass_weight)
         # launches: the first split, then every switch of device along the order
@@ -363,15 +375,55 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     prog.leq_const(mem, 1.0)
 
     t_build = time.perf_counter() - t0
-    start_cols: dict[int, float] | None = None
-    if start is not None and (start.kv_layers >= n_layer) == full:
-        start_cols = {x[w]: float(w in start.on_acc) for w in weights if prog.lb[x[w]] < prog.ub[x[w]]}
+    defaults = {(k[1], k[4]): k[3] for pm, _ in passes for k in pm.kinds[full].values() if k[0] == "w"}
+
+    def columns(p: Placement) -> dict[int, float]:
+        """A placement as a start for HiGHS (integer columns; HiGHS completes the rest)."""
+        cols = {x[w]: float(w in p.on_acc) for w in weights if prog.lb[x[w]] < prog.ub[x[w]]}
         for layer, v in kv.items():
-            start_cols[v] = float(layer >= n_layer - start.kv_layers)
-        defaults = {(k[1], k[4]): k[3] for pm, _ in passes for k in pm.kinds[full].values() if k[0] == "w"}
+            cols[v] = float(layer >= n_layer - p.kv_layers)
         for (w, b), v in s.items():
-            start_cols[v] = float(w not in start.on_acc and start.streams(w, b, defaults.get((w, b), False)))
-    status, sol, obj, gap = prog.solve(time_limit, cutoff_us, start_cols)
+            cols[v] = float(w not in p.on_acc and p.streams(w, b, defaults.get((w, b), False)))
+        return cols
+
+    start_cols = columns(start) if start is not None and (start.kv_layers >= n_layer) == full else None
+    if method not in METHODS:
+        raise ValueError(f"optimal.solve: method {method!r} (one of {', '.join(METHODS)})")
+    dp_args = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "budget": budget, "reserve": reserve, "full": full,
+               "stream": stream, "fixed": fixed, "no_stream": no_stream, "cutoff_us": cutoff_us}
+    if method == "dp":
+        start_us = None
+        if start is not None and (start.kv_layers >= n_layer) == full:
+            start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
+        return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=time_limit), prog, t0, t_build)
+    if method == "milp":
+        status, sol, obj, gap = prog.solve(time_limit, cutoff_us, start_cols)
+    else:  # auto: HiGHS briefly; unproven, the dynamic program; unfinished, HiGHS for the rest
+        first = min(1.0, time_limit / 5)
+        status, sol, obj, gap = result = prog.run(first, cutoff_us, start_cols, presolve=False)
+        if status != "Optimal":
+            incumbent = obj if math.isfinite(obj) else None
+            try:
+                left = time_limit - (time.perf_counter() - t0)
+                dp = chaindp.solve(passes, **dp_args, start_us=incumbent, time_limit=max(0.1, 0.4 * left))
+                return _dp_solution(dp, prog, t0, t_build)
+            except chaindp.NotDecomposable:
+                pass
+            seed = start_cols
+            if math.isfinite(obj):
+                seed = {i: float(round(sol[i])) for i in range(len(prog.lb)) if prog.integer[i]}
+            if s:  # streaming is what makes the program too large for the walk: without it, a start
+                try:
+                    left = time_limit - (time.perf_counter() - t0)
+                    ns = chaindp.solve(passes, **{**dp_args, "stream": False}, start_us=incumbent,
+                                       time_limit=max(0.1, 0.5 * left))
+                    if ns is not None and (incumbent is None or ns.objective_us < incumbent):
+                        seed = columns(ns.placement)
+                except chaindp.NotDecomposable:
+                    pass
+            left = time_limit - (time.perf_counter() - t0)
+            second = prog.run(max(0.5, left), cutoff_us, seed, presolve=True)
+            status, sol, obj, gap = second if second[2] <= result[2] else result
     elapsed = time.perf_counter() - t0
     if not math.isfinite(obj) or (cutoff_us is not None and obj >= cutoff_us * (1 - 1e-9)):
         return None
@@ -385,3 +437,10 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     min_batch = {w: (min(streamed[w]) if w in streamed else NEVER) for w in weights if w not in on_acc}
     return Solution(Placement(on_acc, kv_layers, min_batch), obj, elapsed, len(prog.lb), len(prog.rows), status,
                     {w: sorted(b) for w, b in streamed.items()}, t_build, gap)
+
+
+def _dp_solution(r: chaindp.Result | None, prog: _Program, t0: float, t_build: float) -> Solution | None:
+    if r is None:  # exact: nothing fits, or nothing beats the cutoff
+        return None
+    return Solution(r.placement, r.objective_us, time.perf_counter() - t0, len(prog.lb), len(prog.rows), "Optimal",
+                    r.stream_batches, t_build, 0.0, "dp")

@@ -235,7 +235,8 @@ def _solve(ctx: PlanContext, budget: int, reserve: int, start: Placement | None,
         modes["full" if full else "partial"] = {"seconds": round(time.perf_counter() - t0, 3),
                                                 "objective_ms": sol.objective_us / 1e3 if sol else None,
                                                 "status": sol.status if sol else "no better solution",
-                                                "gap": sol.gap if sol else None}
+                                                "gap": sol.gap if sol else None,
+                                                "method": sol.method if sol else None}
         if sol is not None and (best is None or sol.objective_us < best.objective_us):
             best = sol
     host = all_on_host(ctx)
