@@ -59,6 +59,32 @@ def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps:
             "budget_MiB": budget / 2**20, "extra": {k: v for k, v in p.extra.items() if k in keep}}
 
 
+def _compare_solvers(ctx: plan.PlanContext, budgets: list[str], limit: float) -> list[dict]:
+    """optimal's program at each budget and offload mode, by HiGHS alone and by chaindp alone."""
+    from oallama.planner import chaindp, optimal
+
+    passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
+    rows = []
+    for budget_text in budgets:
+        budget = plan.parse_budget(budget_text, ctx.model.weight_bytes)
+        for full in (False, True):
+            for method in ("milp", "dp"):
+                t0 = time.perf_counter()
+                try:
+                    sol = optimal.solve(passes, weight_bytes=ctx.weight_bytes, kv_bytes=ctx.kv_bytes, budget=budget,
+                                        full=full, time_limit=limit, method=method)
+                    status = "nothing fits" if sol is None else (
+                        "proven optimal" if sol.gap <= 1e-6 else f"{sol.status}, gap {sol.gap:.2%}")
+                except chaindp.NotDecomposable as e:
+                    sol, status = None, f"stopped: {e}"
+                rows.append({"budget": budget_text, "mode": "full" if full else "partial", "method": method,
+                             "seconds": time.perf_counter() - t0, "status": status,
+                             "objective_ms": None if sol is None else sol.objective_us / 1e3})
+                print(f"{budget_text:>4} {rows[-1]['mode']:7s} {method:4s} {rows[-1]['seconds']:.2f} s {status}",
+                      file=sys.stderr)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="qwq-32b")
@@ -73,6 +99,9 @@ def main() -> int:
                     "solver limits (comma-separated seconds), predicted objective beside the limit")
     ap.add_argument("--no-calibrate", action="store_true", help="plan with the one-op profile alone (a shape-only "
                     "model's zero weights cannot be run for the calibration)")
+    ap.add_argument("--compare-solvers", type=float, default=0.0, metavar="SECONDS",
+                    help="also: the program of optimal solved by HiGHS alone and by the dynamic program alone at each "
+                    "budget and offload mode, each within this limit (objective, status, seconds)")
     ap.add_argument("--no-op-offload", action="store_true", help="plan without per-weight op offload (no weight "
                     "is streamed: llama.cpp's op_offload off)")
     ap.add_argument("--model-dir", default="build/bench-models")
@@ -156,6 +185,15 @@ def main() -> int:
                 gap = p.extra.get("mip_gap")
                 md.append(f"| {lim:g} | {time.perf_counter() - t0:.2f} | {p.predicted['e2e_ms']:.1f} | "
                           f"{'-' if gap is None else f'{gap:.1%}'} | {p.extra.get('winner')} |")
+        if args.compare_solvers:
+            record["solvers"] = _compare_solvers(ctx, args.budget.split(","), args.compare_solvers)
+            (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+            md += ["", f"The program of optimal at the budget (no compute-buffer reserve), each solver alone, "
+                   f"limit {args.compare_solvers:g} s per run (dp: `planner.chaindp`; milp: HiGHS):", "",
+                   "| budget | offload mode | solver | seconds | objective ms | status |", "|---|---|---|---|---|---|"]
+            for r in record["solvers"]:
+                obj = "-" if r["objective_ms"] is None else f"{r['objective_ms']:.1f}"
+                md.append(f"| {r['budget']} | {r['mode']} | {r['method']} | {r['seconds']:.2f} | {obj} | {r['status']} |")
         (out / f"{stem}.md").write_text("\n".join(md) + "\n")
         print("\n".join(md))
     finally:
