@@ -171,8 +171,8 @@ AUTO_DP_SHARE = 0.3  # of the time limit: the dynamic program's, in method "auto
 class Solution:
     placement: Placement
     objective_us: float  # the program's optimum: sum of weight_p * predicted pass time
-    solve_s: float  # seconds in HiGHS and building the program
-    n_vars: int
+    solve_s: float  # seconds solving (the dynamic program, building the MILP, HiGHS)
+    n_vars: int  # of the MILP (0: the dynamic program solved it)
     n_rows: int
     status: str
     stream_batches: dict[str, list[int]] = field(default_factory=dict)  # host weight -> batches streamed
@@ -204,10 +204,32 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     nothing beats the cutoff.
     """
     t0 = time.perf_counter()
+    if method not in METHODS:
+        raise ValueError(f"optimal.solve: method {method!r} (one of {', '.join(METHODS)})")
+    fixed = dict(fixed or {})
+    no_stream_plan: Placement | None = None
+    if method != "milp":  # the dynamic program (exact); "auto": within a share of the time
+        dp_args = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "budget": budget, "reserve": reserve,
+                   "full": full, "stream": stream, "fixed": fixed, "no_stream": no_stream, "cutoff_us": cutoff_us}
+        start_us = None
+        if start is not None and (start.kv_layers >= passes[0][0].n_layer) == full:
+            start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
+        if method == "dp":
+            return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=time_limit), t0)
+        streams = stream and any(k[0] == "w" and k[2] and not fixed.get(k[1], False) and k[1] not in no_stream
+                                 for pm, _ in passes for k in pm.kinds[full].values())
+        share = AUTO_DP_SHARE * time_limit
+        try:
+            if not streams:  # the walk is the whole program
+                return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=share), t0)
+            # streaming options multiply the walk's states: without them it is a start for HiGHS
+            ns = chaindp.solve(passes, **{**dp_args, "stream": False}, start_us=start_us, time_limit=share)
+            no_stream_plan = ns.placement if ns is not None else None
+        except chaindp.NotDecomposable:
+            pass
     pm0 = passes[0][0]
     n_layer = pm0.n_layer
     prog = _Program()
-    fixed = dict(fixed or {})
 
     weights = sorted(set().union(*(pm.weights for pm, _ in passes)))
     acc_ok = {w: all(pm.acc_ok.get(w, True) for pm, _ in passes) for w in weights}
@@ -389,35 +411,12 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
         return cols
 
     start_cols = columns(start) if start is not None and (start.kv_layers >= n_layer) == full else None
-    if method not in METHODS:
-        raise ValueError(f"optimal.solve: method {method!r} (one of {', '.join(METHODS)})")
-    dp_args = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "budget": budget, "reserve": reserve, "full": full,
-               "stream": stream, "fixed": fixed, "no_stream": no_stream, "cutoff_us": cutoff_us}
-    if method == "dp":
-        start_us = None
-        if start is not None and (start.kv_layers >= n_layer) == full:
-            start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
-        return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=time_limit), prog, t0, t_build)
     if method == "milp":
         status, sol, obj, gap = prog.solve(time_limit, cutoff_us, start_cols)
-    else:  # auto: the dynamic program first (exact), within a share of the time; then HiGHS
-        start_us = None
-        if start is not None and (start.kv_layers >= n_layer) == full:
-            start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
-        seed = start_cols
-        share = AUTO_DP_SHARE * time_limit
-        try:
-            if not s:  # no streaming options: the walk is the whole program
-                dp = chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=share)
-                return _dp_solution(dp, prog, t0, t_build)
-            # streaming options multiply the walk's states: without them it is a start for HiGHS
-            ns = chaindp.solve(passes, **{**dp_args, "stream": False}, start_us=start_us, time_limit=share)
-            if ns is not None:
-                seed = columns(ns.placement)
-        except chaindp.NotDecomposable:
-            pass
-        # HiGHS with presolve finds the good plans of large programs (measured on a 64-layer 32B and a
-        # 48-layer MoE shape: 3 s without presolve left them 2.5-6.5% from the optimum)
+    else:  # auto, the dynamic program unfinished: HiGHS, from its plan without streaming if any
+        # (with presolve: it finds the good plans of large programs, measured on a 64-layer 32B and
+        # a 48-layer MoE shape; 3 s without presolve left them 2.5-6.5% from the optimum)
+        seed = columns(no_stream_plan) if no_stream_plan is not None else start_cols
         left = time_limit - (time.perf_counter() - t0)
         status, sol, obj, gap = prog.run(max(0.5, left), cutoff_us, seed, presolve=True)
     elapsed = time.perf_counter() - t0
@@ -435,8 +434,8 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
                     {w: sorted(b) for w, b in streamed.items()}, t_build, gap)
 
 
-def _dp_solution(r: chaindp.Result | None, prog: _Program, t0: float, t_build: float) -> Solution | None:
+def _dp_solution(r: chaindp.Result | None, t0: float) -> Solution | None:
     if r is None:  # exact: nothing fits, or nothing beats the cutoff
         return None
-    return Solution(r.placement, r.objective_us, time.perf_counter() - t0, len(prog.lb), len(prog.rows), "Optimal",
-                    r.stream_batches, t_build, 0.0, "dp")
+    return Solution(r.placement, r.objective_us, time.perf_counter() - t0, 0, 0, "Optimal", r.stream_batches,
+                    0.0, 0.0, "dp")
