@@ -85,7 +85,6 @@ class _Walk:
 
     def __init__(self, passes: Sequence[tuple[PassModel, float]], full: bool, svars: set[tuple[str, int]]) -> None:
         self.full = full
-        self.svars = svars
         self.overhead = sum(pm.overhead_us * w for pm, w in passes)
         first: dict[tuple, float] = {}  # decision -> earliest relative position it is needed at
         compiled: list[list[_Node]] = []
