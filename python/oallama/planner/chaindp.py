@@ -379,6 +379,15 @@ def _device_needs(k: tuple, full: bool) -> set[tuple]:
     return set()
 
 
+def stream_options(passes: Sequence[tuple[PassModel, float]], *, full: bool, stream: bool,
+                   fixed: Mapping[str, bool], no_stream: Collection[str]) -> set[tuple[str, int]]:
+    """(weight, batch) whose op may be streamed (`optimal`'s s variables)."""
+    if not stream:
+        return set()
+    return {(k[1], k[4]) for pm, _ in passes for k in pm.kinds[full].values()
+            if k[0] == "w" and k[2] and not fixed.get(k[1], False) and k[1] not in no_stream}
+
+
 def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[str, int],
           kv_bytes: Mapping[int, int], budget: int, reserve: int = 0, full: bool = False,
           stream: bool = True, fixed: Mapping[str, bool] | None = None, no_stream: Collection[str] = (),
@@ -394,13 +403,7 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     n_layer = passes[0][0].n_layer
     weights = sorted(set().union(*(pm.weights for pm, _ in passes)))
     acc_ok = {w: all(pm.acc_ok.get(w, True) for pm, _ in passes) for w in weights}
-    svars: set[tuple[str, int]] = set()
-    if stream:
-        for pm, _ in passes:
-            for i in pm.order:
-                k = pm.kinds[full][i]
-                if k[0] == "w" and k[2] and not fixed.get(k[1], False) and k[1] not in no_stream:
-                    svars.add((k[1], k[4]))
+    svars = stream_options(passes, full=full, stream=stream, fixed=fixed, no_stream=no_stream)
     walk = _Walk(passes, full, svars)
     decided_w = {key[1] for key in walk.keys if key[0] == "w"}
     cap = budget - reserve  # bytes for weights, KV and the largest streamed copy

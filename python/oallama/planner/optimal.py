@@ -216,8 +216,7 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
             start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
         if method == "dp":
             return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=time_limit), t0)
-        streams = stream and any(k[0] == "w" and k[2] and not fixed.get(k[1], False) and k[1] not in no_stream
-                                 for pm, _ in passes for k in pm.kinds[full].values())
+        streams = bool(chaindp.stream_options(passes, full=full, stream=stream, fixed=fixed, no_stream=no_stream))
         share = AUTO_DP_SHARE * time_limit
         try:
             if not streams:  # the walk is the whole program
@@ -345,17 +344,19 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
             paid_down = any(d.constant and d.c < -0.5 for d in diffs)
             prog.offset += (up_cost * paid_up + down_cost * paid_down) * pass_weight
             up = down = None
-            for d in diffs:
+            for c, d in zip(cons.values(), diffs, strict=True):
                 if d.constant:
                     continue
-                if up is None:
-                    up, down = prog.var(0, 1), prog.var(0, 1)
-                    prog.cost[up] += 0.0 if paid_up else up_cost * pass_weight
-                    prog.cost[down] += 0.0 if paid_down else down_cost * pass_weight
                 if not paid_up:
+                    if up is None:
+                        up = prog.var(0, 1)
+                        prog.cost[up] += up_cost * pass_weight
                     prog.geq(_Lin(0, {up: 1}), d)
                 if not paid_down:
-                    prog.geq(_Lin(0, {down: 1}), _Lin(-d.c, {k: -v for k, v in d.t.items()}))
+                    if down is None:
+                        down = prog.var(0, 1)
+                        prog.cost[down] += down_cost * pass_weight
+                    prog.geq(_Lin(0, {down: 1}), se.minus(c))
         if pm.readback is not None:  # the logits, read back when computed on the accelerator
             prog.add_cost(dev[pm.readback[0]].affine(0.0, pm.d2h.time_us(pm.readback[1])), pass_weight)
         # launches: the first split, then every switch of device along the order
