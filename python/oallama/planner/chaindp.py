@@ -60,9 +60,6 @@ class Result:
     placement: Placement
     objective_us: float
     stream_batches: dict[str, list[int]]
-    solve_s: float
-    n_states: int  # the largest number of carried states at one step
-    n_entries: int  # the largest number of front entries at one step
 
 
 @dataclass
@@ -227,8 +224,6 @@ class _Walk:
     # reused, shifted, for every layer alike.
 
     def _canonical(self) -> None:
-        self._to_memo: dict[tuple, tuple] = {}
-        self._from_memo: dict[tuple, tuple] = {}
         sigs: dict[tuple, int] = {}
         self.sig: list[list[int | None]] = []
         self.shift: list[list[tuple[int, int]]] = []
@@ -269,21 +264,11 @@ class _Walk:
     def carried_to(self, j: int, p: int, carried: tuple) -> tuple:
         """A pass's carried state written relative to stage j's nodes."""
         shift = self.shift[j][p]
-        key = (shift, carried)
-        out = self._to_memo.get(key)
-        if out is None:
-            out = self._to_memo[key] = (carried[0], carried[1],
-                                        tuple((_to(src, shift), st) for src, st in carried[2]))
-        return out
+        return carried[0], carried[1], tuple((_to(src, shift), st) for src, st in carried[2])
 
     def carried_from(self, j: int, p: int, carried: tuple) -> tuple:
         base, layer = self.shift[j][p]
-        key = (base, layer, carried)
-        out = self._from_memo.get(key)
-        if out is None:
-            out = self._from_memo[key] = (carried[0], carried[1],
-                                          tuple((_to(src, (-base, -layer)), st) for src, st in carried[2]))
-        return out
+        return carried[0], carried[1], tuple((_to(src, (-base, -layer)), st) for src, st in carried[2])
 
     def needed(self, j: int, p: int) -> tuple[tuple, ...]:
         """The decisions stage j's nodes of pass p read (their values key the stage's cache)."""
@@ -466,8 +451,7 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
         if opt != ACC and b >= opt:
             streamed.setdefault(w, []).append(b)
     min_batch = {w: (min(streamed[w]) if w in streamed else NEVER) for w in weights if w not in on_acc}
-    return Result(Placement(on_acc, kv_layers, min_batch), obj, streamed, time.perf_counter() - t0,
-                  max(len(k) for k in g.keys), g.n_entries)
+    return Result(Placement(on_acc, kv_layers, min_batch), obj, streamed)
 
 
 class _Graph:
@@ -583,7 +567,6 @@ class _Graph:
                                np.array(dst, dtype=np.int64), np.array(dbs, dtype=np.int64),
                                np.array(sws, dtype=np.int64), np.array(dts)))
             fb = nfb
-        self.n_entries = 0
 
     def least_bytes(self) -> list[np.ndarray]:
         """Per stage and state: the least bytes the rest of the walk fixes (streamed copies aside)."""
@@ -624,6 +607,6 @@ class _Graph:
             raise NotDecomposable(str(e)) from None
         if found is None:
             return None
-        t, _, path, self.n_entries = found
+        t, _, path, _ = found
         dec = {key: self.opts[j][int(self.edges[j][1][path[j]])] for j, key in enumerate(self.walk.keys)}
         return float(t), dec
