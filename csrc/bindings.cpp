@@ -29,6 +29,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -172,6 +173,35 @@ private:
     }
     Context              context_;
     oallama_node_timer * tm_ = nullptr;
+};
+
+// oallama_route_recorder owned by Python; as NodeTimer
+class RouteRecorder {
+public:
+    explicit RouteRecorder(Context context) : context_(std::move(context)) {
+        rec_ = oallama_route_recorder_init(context_.get());
+    }
+    ~RouteRecorder() { close(); }
+    RouteRecorder(const RouteRecorder &) = delete;
+    RouteRecorder & operator=(const RouteRecorder &) = delete;
+    void reset() { oallama_route_recorder_reset(live()); }
+    std::vector<oallama_route> routes() const { return oallama_route_recorder_get_routes(live()); }
+    void close() {
+        if (rec_ != nullptr) {
+            oallama_route_recorder_free(rec_, !context_.closed());
+            rec_ = nullptr;
+        }
+    }
+    bool closed() const { return rec_ == nullptr; }
+private:
+    oallama_route_recorder * live() const {
+        if (rec_ == nullptr || context_.closed()) {
+            throw oallama_closed_error("RouteRecorder: closed, or its context was closed");
+        }
+        return rec_;
+    }
+    Context                  context_;
+    oallama_route_recorder * rec_ = nullptr;
 };
 
 // oallama_poll_hook owned by Python: the pending check comes from a source object's poll_source()
@@ -570,6 +600,30 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("closed", &NodeTimer::closed)
         .def("__enter__", [](py::object self) { return self; })
         .def("__exit__", [](NodeTimer & t, py::args) { t.close(); });
+
+    py::class_<oallama_route>(m, "Route", "One layer's routing in one pass (oallama_route).")
+        .def_readonly("name", &oallama_route::name, "ffn_moe_topk-<il>")
+        .def_readonly("n_used", &oallama_route::n_used, "experts per token")
+        .def_readonly("n_tokens", &oallama_route::n_tokens)
+        .def_property_readonly("ids", [](const oallama_route & r) {
+            py::array_t<int32_t> a({r.n_tokens, r.n_used});
+            std::memcpy(a.mutable_data(), r.ids.data(), r.ids.size() * sizeof(int32_t));
+            return a;
+        }, "[n_tokens, n_used] int32: the experts each token was routed to")
+        .def("__repr__", [](const oallama_route & r) {
+            return "<oallama._core.Route " + r.name + " " + std::to_string(r.n_tokens) + " tokens>";
+        });
+
+    py::class_<RouteRecorder>(m, "RouteRecorder",
+        "Records a mixture of experts' routing in a context's real graph (the scheduler's eval\n"
+        "callback at llama.cpp's ffn_moe_topk nodes). Installed until close(); not beside a NodeTimer.")
+        .def(py::init<Context>(), py::arg("context"))
+        .def("reset", &RouteRecorder::reset, "Forget the routes recorded so far.")
+        .def("routes", &RouteRecorder::routes, "The routes of the decodes since the last reset, in execution order.")
+        .def("close", &RouteRecorder::close, "Uninstall from the context (idempotent).")
+        .def_property_readonly("closed", &RouteRecorder::closed)
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](RouteRecorder & r, py::args) { r.close(); });
 
     py::class_<oallama_poll_node>(m, "PollNode", "A node between two polling points (oallama_poll_node).")
         .def_readonly("name", &oallama_poll_node::name)

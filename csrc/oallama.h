@@ -319,6 +319,36 @@ void oallama_node_timer_reset(oallama_node_timer * timer, const std::vector<int3
 const std::vector<oallama_node_time> & oallama_node_timer_get_times(const oallama_node_timer * timer);
 
 //
+// recording a mixture of experts' routing in the real graph (routing.cpp)
+//
+// Usage: which experts each token of a pass was routed to, per layer (llama.cpp names the
+// top-k ids "ffn_moe_topk-<il>"), e.g. to count the distinct experts a pass of n tokens touches
+//
+//     oallama_route_recorder * rr = oallama_route_recorder_init(ctx);  // installs the eval callback
+//     llama_decode(ctx, batch);
+//     for (const oallama_route & r : oallama_route_recorder_get_routes(rr)) { ... r.ids ... }
+//     oallama_route_recorder_reset(rr);                                // forget them
+//     oallama_route_recorder_free(rr, true);                           // uninstalls it
+//
+// One eval callback per context: not beside an oallama_node_timer.
+
+struct oallama_route {
+    std::string          name;          // "ffn_moe_topk-<il>"
+    int64_t              n_used = 0;    // experts per token
+    int64_t              n_tokens = 0;
+    std::vector<int32_t> ids;           // [n_tokens, n_used]: token t's experts at t * n_used
+};
+
+struct oallama_route_recorder;
+
+oallama_route_recorder * oallama_route_recorder_init(llama_context * ctx);
+// ctx_alive: uninstall from the context (false when the context is already freed).
+void oallama_route_recorder_free(oallama_route_recorder * rec, bool ctx_alive);
+void oallama_route_recorder_reset(oallama_route_recorder * rec);
+// The routes of the decodes since the last reset, in execution order (one per layer and pass).
+const std::vector<oallama_route> & oallama_route_recorder_get_routes(const oallama_route_recorder * rec);
+
+//
 // polling points in the CPU backend (poll.cpp, patch 0008): the CPU analogue of Weaver's
 // polling kernel. After every graph node the CPU's thread 0 computes (and, for the nodes named in
 // `pieces`, inside their MUL_MAT at the chunk boundaries that cut it into that many pieces along

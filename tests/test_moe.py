@@ -3,15 +3,12 @@ MUL_MAT_ID ops on the expert tensors, and the profiler times those ops with real
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
+import numpy as np
 import pytest
 
 import oallama
@@ -21,6 +18,7 @@ from oallama.model.gguf_file import read
 from oallama.model.synthetic import PRESETS
 from oallama.planner.graph import inventory
 from oallama.planner.profile import profile_model
+from oallama.runtime import rpc
 
 # small variant -> (file type, the full-size preset it shrinks)
 SMALL = {"qwen3moe-small": ("q4_k_m", "qwen3-30b-a3b"), "gpt-oss-small": ("mxfp4_moe", "gpt-oss-20b")}
@@ -105,6 +103,15 @@ def test_profile_times_mul_mat_id_on_the_cpu(synth_model) -> None:
         assert st["n_active"] == min(moe.n_expert, o.n_tokens * moe.n_expert_used)
         # q4_K experts live repacked, as the real load puts them (MUL_MAT_ID-capable CPU_REPACK)
         assert st["buffer_type"] == ("CPU_REPACK" if o.weight_type == "q4_K" else "CPU")
+        # also timed with every token on the same experts; a routing's distinct experts in between
+        most, k = st["n_active"], moe.n_expert_used
+        if most > k:
+            t_few, t_most = st["few_median_us"], st["median_us"]
+            assert prof.op_time_us("CPU", o, active=k) == pytest.approx(t_few)
+            assert prof.op_time_us("CPU", o, active=most) == prof.op_time_us("CPU", o) == pytest.approx(t_most)
+            assert prof.op_time_us("CPU", o, active=(k + most) / 2) == pytest.approx((t_few + t_most) / 2)
+        else:
+            assert "few_median_us" not in st and prof.op_time_us("CPU", o, active=k) == st["median_us"]
 
 
 def test_mul_mat_id_time_grows_with_active_experts() -> None:
@@ -185,18 +192,6 @@ def test_n_cpu_moe_refuses_a_dense_model(synth_model, rpc_server) -> None:
         make_plan(ctx, "n-cpu-moe", "50%")
 
 
-def _bytes_acked(port: int) -> int:
-    """Bytes this process has sent on its one TCP connection to `port` that the peer acknowledged
-    (the kernel's tcp_info.tcpi_bytes_acked, a u64 at offset 120 since Linux 4.1)."""
-    conns = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
-    assert len(conns) == 1, conns
-    s = socket.socket(fileno=os.dup(conns[0].fd))
-    try:
-        return struct.unpack_from("Q", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 120)[0]
-    finally:
-        s.close()
-
-
 def test_streamed_experts_copy_only_the_routed_experts(moe_context, rpc_server) -> None:
     # When ggml's scheduler streams a host expert tensor to the accelerator, it copies only the
     # experts the pass's tokens were routed to (ggml_backend_sched_compute_splits); the pass model
@@ -227,11 +222,100 @@ def test_streamed_experts_copy_only_the_routed_experts(moe_context, rpc_server) 
         llm.eval(tokens[:8])
         sent = []
         for t in tokens[8:12]:
-            before = _bytes_acked(rpc_server.port)
+            before = rpc.bytes_acked(rpc_server.port)
             llm.eval([t])  # reads the logits back: the pass is done, its bytes acknowledged
-            sent.append(_bytes_acked(rpc_server.port) - before)
+            sent.append(rpc.bytes_acked(rpc_server.port) - before)
     finally:
         llm.close()
     # each pass: the routed experts (+ a few KB of activations, graphs and padding)
     for b in sent:
         assert routed <= b <= routed * 1.2 + 64 * 1024, (b, routed, whole)
+
+
+def test_streamed_experts_copy_the_recorded_routing(moe_context, rpc_server) -> None:
+    # A prompt pass that streams every expert tensor copies the experts its tokens were routed to;
+    # how many, the calibration records (the model's routing in one 512-token pass: distinct experts
+    # per layer over every window of n consecutive tokens), and the pass model charges that share.
+    # Checked against the bytes that really crossed to an rpc-server in 32-token prompt passes.
+    from oallama.planner.profile import PLAIN
+    from oallama.planner.schedmodel import expert_fraction
+    from oallama.runtime.generate import prompt_tokens
+
+    ctx, n = moe_context, 32
+    routing = ctx.profile.calibration.routing
+    assert routing is not None and routing.n_tokens == 512 and routing.model
+    pm = ctx.passes[n]
+    exps = sorted(w for w in ctx.weight_bytes if "_exps." in w)
+    predicted = sum(pm.copied_share[w] * ctx.weight_bytes[w] for w in exps)  # what a streamed pass copies
+    uniform = sum(expert_fraction(routing.n_expert, routing.n_used, n) * ctx.weight_bytes[w] for w in exps)
+    llm = oallama.Llama(str(ctx.model.path), devices=[rpc_server.device_name], n_gpu_layers=0, n_ctx=256, n_batch=n,
+                        n_ubatch=n, n_threads=2, verbose=False, layouts={w: PLAIN for w in ctx.weight_bytes})
+    try:
+        _core.set_offload_policy(llm.native_context, {w: 1 for w in exps})  # stream them at any batch
+        tokens = prompt_tokens(llm, 256)
+        sent = []
+        for start in range(0, 256, 2 * n):  # every other window of the prompt the routing was recorded on
+            llm.reset()
+            if start:
+                llm.eval(tokens[:start])
+            before = rpc.bytes_acked(rpc_server.port)
+            llm.eval(tokens[start:start + n])
+            llm.sample(temp=0.0)  # reads the logits back: the pass is done, its bytes acknowledged
+            sent.append(rpc.bytes_acked(rpc_server.port) - before)
+    finally:
+        llm.close()
+    print(f"sent {[round(b / 1e6, 2) for b in sent]} MB, predicted {predicted / 1e6:.2f}, uniform {uniform / 1e6:.2f}")
+    assert statistics.median(sent) == pytest.approx(predicted, rel=0.08)
+
+
+@pytest.mark.parametrize("n_expert,n_used", [(8, 2), (32, 4), (128, 8)])
+def test_routing_counts_distinct_experts_per_window(n_expert: int, n_used: int) -> None:
+    # `distinct_experts` (cumulative counts) against sets of every window, on a concentrated routing
+    from oallama.planner.routing import distinct_experts, window_sizes
+
+    rng = np.random.default_rng(n_expert)
+    hot = rng.choice(n_expert, size=max(n_used + 1, n_expert // 4), replace=False)  # a few favourite experts
+    ids = np.stack([rng.choice(hot if t % 3 else np.arange(n_expert), size=n_used, replace=False) for t in range(100)])
+    sizes = window_sizes(100)
+    assert sizes == [1, 2, 4, 8, 16, 32, 64, 100]
+    got = distinct_experts(ids, n_expert, sizes)
+    for n in sizes:
+        want = statistics.fmean(len(set(ids[s:s + n].ravel())) for s in range(100 - n + 1))
+        assert got[n] == pytest.approx(want), n
+    assert got[1] == n_used
+
+
+def test_routing_share_and_its_errors() -> None:
+    from oallama.errors import ProfileError
+    from oallama.planner.routing import Routing
+
+    class R:  # a recorded route as _core.Route gives it
+        def __init__(self, name: str, ids: list[list[int]]) -> None:
+            self.name, self.ids = name, np.array(ids, dtype=np.int32)
+
+    r = Routing.from_routes([R("ffn_moe_topk-0", [[0, 1], [0, 1], [2, 3], [2, 3]]),
+                             R("ffn_moe_topk-1", [[0, 1], [2, 3], [4, 5], [6, 7]])], n_expert=8, model="m")
+    assert r.distinct == {0: {1: 2.0, 2: pytest.approx(8 / 3), 4: 4.0}, 1: {1: 2.0, 2: 4.0, 4: 8.0}}  # windows 2, 4, 2
+    assert r.share(0, 1) == 2 / 8 and r.share(1, 4) == 1.0 and r.share(0, 400) == 4 / 8  # above: the pass's
+    assert r.share(0, 3) == pytest.approx((8 / 3 + (4 - 8 / 3) * np.log(3 / 2) / np.log(2)) / 8)  # linear in log n
+    assert r.share(None, 2) == pytest.approx((8 / 3 + 4) / 2 / 8)  # a layer not recorded: the mean
+    assert Routing.from_json(r.to_json()) == r
+    with pytest.raises(ProfileError, match="expert_count"):
+        Routing.from_routes([R("ffn_moe_topk-0", [[0, 9]])], n_expert=8)
+    with pytest.raises(ProfileError, match="ffn_moe_topk"):
+        Routing.from_routes([R("ffn_out-0", [[0, 1]])], n_expert=8)
+
+
+def test_a_cached_profile_measures_another_models_routing(moe_context, synth_model, rpc_server) -> None:
+    # The profile is cached by shapes; routing depends on the weights: a model of the same shapes
+    # (another seed) reuses the cached timings but gets its own routing, measured again.
+    from oallama.planner.routing import fingerprint
+
+    ctx = moe_context
+    other = synth_model("qwen3moe-small", "q4_k_m", seed=7)
+    prof = profile_model(other, ["CPU", rpc_server.device_name], threads=2, progress=False,
+                         server_threads=ctx.profile.settings.server_threads)
+    assert prof.key == ctx.profile.key  # the cached profile
+    mine, theirs = ctx.profile.calibration.routing, prof.calibration.routing
+    assert mine.model == fingerprint(ctx.model.path) != theirs.model == fingerprint(other)
+    assert theirs.distinct != mine.distinct

@@ -35,7 +35,9 @@ accelerator, op offload off, so that a decode pass changes device at almost ever
 planners' scattered placements do (`scatter`); what it takes beyond the model's terms is a cost per
 split the one-op launch does not see (a CPU<->GPU synchronisation at each change of device: on an
 H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
-`context.split_cost`). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+`context.split_cost`). A mixture of experts' routing is recorded in one prompt pass on the host (how
+many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
+routing.py). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
 """
 
 from __future__ import annotations
@@ -52,10 +54,15 @@ from typing import Any
 
 from .. import _core
 from ..errors import OallamaError, ProfileError
+from .graph import node_layer
+from .routing import Routing
+from .routing import measure as measure_routing
 
-VERSION = 9  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered)
+VERSION = 10  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+# 10: a mixture of experts' routing recorded)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
+ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
 
 
 def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
@@ -136,12 +143,13 @@ class Calibration:
     stream: dict[str, dict[str, Any]] = field(default_factory=dict)
     # accelerator -> a decode pass with the weights scattered over host and accelerator (`_measure_scatter`)
     scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routing: Routing | None = None  # a mixture of experts' routing in a real pass (routing.py)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         return self.pass_a_us + self.pass_b_us * n_tokens
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "routing": self.routing.to_json() if self.routing is not None else None}
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> Calibration:
@@ -150,13 +158,14 @@ class Calibration:
                                      {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
-                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}))
+                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
+                           Routing.from_json(doc["routing"]) if doc.get("routing") else None)
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
                            self.elapsed_s, self.points, self.splits,
                            {ren.get(k, k): v for k, v in self.stream.items()},
-                           {ren.get(k, k): v for k, v in self.scatter.items()})
+                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing)
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -269,6 +278,8 @@ def _node_points(load: _Load) -> list[dict[str, Any]]:
             out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
                         "name": r.name, "op": r.op, "device": r.device,
                         "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
+                        # MUL_MAT_ID: experts per token (ne[0] of its ids, the third source)
+                        "n_expert_used": r.src_ne[2][0] if r.op == "MUL_MAT_ID" and len(r.src_ne) > 2 else 0,
                         "work": w, "us": us})
     return out
 
@@ -351,7 +362,10 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                               n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
         if sc is not None:
             scatter[accs[0].name] = sc
-    cal = fit(points, overheads, profile, splits)
+    n_expert = int(info.hparam("expert_count", 0) or 0)
+    routing = (measure_routing(path, n_expert, n_tokens=min(n_ctx, ROUTING_TOKENS), threads=threads, mmap=mmap,
+                               progress=progress) if n_expert > 0 else None)
+    cal = fit(points, overheads, profile, splits, routing)
     cal.stream = stream
     cal.scatter = scatter
     cal.elapsed_s = time.perf_counter() - t_start
@@ -475,6 +489,8 @@ class _Op:
             shape.pop()
         self.weight_shape = tuple(shape)
         self.n_tokens = p.get("cols", p["n_tokens"])
+        self.n_expert_used = int(p.get("n_expert_used", 0))
+        self.layer = node_layer(p.get("name", ""))
 
 
 def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
@@ -488,16 +504,21 @@ def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
     return max(extra / n_ops, view_us)
 
 
-def _profile_us(profile: Any, dev: str, p: dict[str, Any]) -> float:
-    """The one-op profile's compute time of a timed weight matmul (0 when it has none)."""
+def _profile_us(profile: Any, dev: str, p: dict[str, Any], routing: Routing | None = None) -> float:
+    """The one-op profile's compute time of a timed weight matmul (0 when it has none); of a
+    MUL_MAT_ID at the distinct experts the recorded routing touches, as the pass model costs it."""
+    op = _Op(p)
+    act = None
+    if routing is not None and op.op == "MUL_MAT_ID" and len(op.weight_shape) == 3:
+        act = routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
     try:
-        return float(profile.compute_us(dev, _Op(p))) if profile is not None else 0.0
+        return float(profile.compute_us(dev, op, active=act)) if profile is not None else 0.0
     except ProfileError:
         return 0.0
 
 
 def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
-        splits: Sequence[dict[str, Any]] = ()) -> Calibration:
+        splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None) -> Calibration:
     """The calibration's fits from its measurements (see the module docstring).
 
     Node-mode times give each node's share; split-mode times, taken without synchronising inside
@@ -523,7 +544,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                 continue
             us = max(p["us"] - h, 0.0)
             if p["weight_type"] and p["op"] in MATMUL_OPS:
-                t = _profile_us(profile, dev, p)
+                t = _profile_us(profile, dev, p, routing)
                 if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
                     real, prof, n_mm = real + us, prof + t, n_mm + 1
                 continue
@@ -531,13 +552,13 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
             per_op["*"].append((p["work"], us))
         dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
                                n_mm)
-        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile)
+        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     a, b = _line(overheads)
-    return Calibration(devs, a, b, points=list(points), splits=list(splits))
+    return Calibration(devs, a, b, points=list(points), splits=list(splits), routing=routing)
 
 
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
-              view_us: float, profile: Any) -> DeviceCalibration:
+              view_us: float, profile: Any, routing: Routing | None = None) -> DeviceCalibration:
     """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
@@ -547,7 +568,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         if k not in measured or p["op"] in VIEW_OPS:
             continue
         if p["weight_type"] and p["op"] in MATMUL_OPS:
-            modelled[k] += _profile_us(profile, dev, p) * dc.matmul_scale
+            modelled[k] += _profile_us(profile, dev, p, routing) * dc.matmul_scale
         else:
             modelled[k] += dc.node_time_us(p["op"], p["work"])
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)

@@ -30,10 +30,18 @@ from ..options import add_arguments, from_args, option
 
 TARGET_OPS = ("MUL_MAT", "MUL_MAT_ID")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
+_NODE_LAYER = re.compile(r"-(\d+)$")  # llama.cpp names per-layer nodes "<name>-<il>"
 
 
 def layer_of(name: str) -> int | None:
+    """The layer of a weight ("blk.<il>.<name>")."""
     m = _LAYER.match(name)
+    return int(m[1]) if m else None
+
+
+def node_layer(name: str) -> int | None:
+    """The layer of a graph node ("<name>-<il>")."""
+    m = _NODE_LAYER.search(name)
     return int(m[1]) if m else None
 
 

@@ -45,6 +45,8 @@ from ..runtime import rpc as rpcmod
 from .calibrate import VERSION as CALIBRATION_VERSION
 from .calibrate import Calibration, calibrate
 from .graph import Inventory, TargetOp, inventory
+from .routing import fingerprint as routing_fingerprint
+from .routing import measure as measure_routing
 
 SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
@@ -159,20 +161,39 @@ class Profile:
     def op_key(op: str, wtype: str, shape: Sequence[int], n: int) -> str:
         return f"{op}:{wtype}:{'x'.join(map(str, shape))}:{n}"
 
-    def op_time_us(self, device: str, op: TargetOp, n: int | None = None, layout: str | None = None) -> float:
+    def op_time_us(self, device: str, op: TargetOp, n: int | None = None, layout: str | None = None,
+                   active: float | None = None) -> float:
         """Median time of `op` on `device` at n columns (default: the op's own), interpolated
         linearly between the measured column counts (and extrapolated from the two nearest).
-        layout: a host layout (HOST_LAYOUTS) instead of the one a default load uses."""
+        layout: a host layout (HOST_LAYOUTS) instead of the one a default load uses.
+        active: of a MUL_MAT_ID, the distinct experts its tokens are routed to (a recorded
+        routing, `routing.Routing`); linear between its times with every token on the same
+        experts and with the most experts its tokens can use. None: the most."""
         n = op.n_tokens if n is None else n
         table = self.ops.get(device) if layout is None else self.layouts.get(layout)
         if table is None:
             raise ProfileError(f"profile {self.key[:12]} has no measurements for device {device}"
                                + (f" in layout {layout}" if layout else ""))
+        t = self._interpolated(table, device, op, n, "median_us")
+        if active is None or op.op != "MUL_MAT_ID" or op.n_expert_used <= 0:
+            return t
+        most = min(op.weight_shape[2], max(n, 1) * op.n_expert_used)
+        if most <= op.n_expert_used:
+            return t
+        try:
+            t_few = self._interpolated(table, device, op, n, "few_median_us")
+        except ProfileError:  # a profile from before these were timed
+            return t
+        f = min(max((active - op.n_expert_used) / (most - op.n_expert_used), 0.0), 1.0)
+        return t_few + f * (t - t_few)
+
+    def _interpolated(self, table: dict[str, dict[str, Any]], device: str, op: TargetOp, n: int, field: str) -> float:
         exact = table.get(self.op_key(op.op, op.weight_type, op.weight_shape, n))
-        if exact is not None:
-            return float(exact["median_us"])
+        if exact is not None and field in exact:
+            return float(exact[field])
         prefix = self.op_key(op.op, op.weight_type, op.weight_shape, 0)[:-1]
-        pts = sorted((int(k.rsplit(":", 1)[1]), float(v["median_us"])) for k, v in table.items() if k.startswith(prefix))
+        pts = sorted((int(k.rsplit(":", 1)[1]), float(v[field])) for k, v in table.items()
+                     if k.startswith(prefix) and field in v)
         if not pts:
             raise ProfileError(f"profile has no measurement of {prefix.rstrip(':')} on {device}")
         if len(pts) == 1:
@@ -211,11 +232,11 @@ class Profile:
         d = self.devices.get(device, {})
         return float(d.get("issue_us", d.get("launch_us", 0.0)))
 
-    def compute_us(self, device: str, op: TargetOp, layout: str | None = None) -> float:
+    def compute_us(self, device: str, op: TargetOp, layout: str | None = None, active: float | None = None) -> float:
         """The op's own compute (us): its profiled time less the launch it includes (at least a
         tenth of it: a launch measured slower than a small op is noise, not a negative cost).
-        layout: a host layout (HOST_LAYOUTS) instead of the default load's."""
-        t = self.op_time_us(device, op, layout=layout)
+        layout: a host layout (HOST_LAYOUTS) instead of the default load's; active: see op_time_us."""
+        t = self.op_time_us(device, op, layout=layout, active=active)
         return max(t - self.launch_us(device), 0.1 * t)
 
     def has_layouts(self, op: TargetOp) -> bool:
@@ -409,6 +430,16 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                     res = _core.profile_mul_mat_id(d.name, wtype, shape[0], shape[1], shape[2], n_used, cols, active,
                                                    threads, warmup, repeats, settings.repack, host_of)
                     extra = [{"n_expert_used": n_used, "n_active": a} for a in active]
+                    # and with every token on the same n_used experts: a real routing's time lies
+                    # between (`op_time_us`'s active), the weights read growing with the experts used
+                    few = [n for n, a in zip(cols, active, strict=True) if a > n_used]
+                    if few:
+                        res_few = _core.profile_mul_mat_id(d.name, wtype, shape[0], shape[1], shape[2], n_used, few,
+                                                           [n_used] * len(few), threads, warmup, repeats,
+                                                           settings.repack, host_of)
+                        for x, n in zip(extra, cols, strict=True):
+                            if n in few:
+                                x["few_median_us"] = statistics.median(res_few[few.index(n)].samples_us)
                 else:
                     raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
                                        f"{sorted(routed.get((op, wtype, shape), ()))})")
@@ -461,6 +492,8 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             prof = Profile.load(cached).renamed([d.name for d in devs])
             if progress:
                 print(f"profile: reusing {cached}", file=sys.stderr)
+            if _remeasure_routing(prof, path, settings, progress) and cache:
+                prof.save(cached)
             return prof
         except (ProfileError, KeyError, ValueError):
             pass  # unreadable: measure again
@@ -472,6 +505,19 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     if cache:
         prof.save(cached)
     return prof
+
+
+def _remeasure_routing(prof: Profile, path: str | Path, settings: Settings, progress: bool) -> bool:
+    """A cached calibration's routing was measured on another model of these shapes (the cache key
+    is the shapes): measure this model's (one prompt pass). True when it did."""
+    cal = prof.calibration
+    if cal is None or cal.routing is None or cal.routing.model == routing_fingerprint(path):
+        return False
+    cal.routing = measure_routing(path, cal.routing.n_expert, n_tokens=cal.routing.n_tokens, threads=settings.threads,
+                                  mmap=settings.mmap, progress=progress)
+    if progress:
+        print(file=sys.stderr)
+    return True
 
 
 # --- CLI ------------------------------------------------------------------------------------

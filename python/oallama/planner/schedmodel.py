@@ -28,7 +28,9 @@ and then costs the assignment (microseconds):
            on the link the calibration measured weights streaming at in a real load (`stream`,
            `set_stream`; the h2d link without one) -- but of a streamed expert tensor (MUL_MAT_ID)
            the scheduler copies only the experts the pass's tokens were routed to
-           (ggml_backend_sched_compute_splits), `expert_fraction` of it;
+           (ggml_backend_sched_compute_splits): the share of its layer's experts the model's
+           recorded routing touches in a pass of this size (`routing.Routing.share`, calibrated),
+           uniform routing's `expert_fraction` without a calibration;
   splits   each change of device along the graph order starts a split: the device's issue cost
            (a graph handed over; profiled), plus what a split costs beyond it in a real pass (a
            CPU<->accelerator synchronisation at the change; calibrated, `set_split_cost`);
@@ -45,12 +47,11 @@ from dataclasses import dataclass, field
 
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
 from .calibrate import Calibration, work
-from .graph import Graph, Node
+from .graph import Graph, Node, layer_of, node_layer
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 
 HOST = "CPU"
 _KV_LEAF = re.compile(r"^cache_[a-z]+_l(\d+)$")
-_LAYER_SUFFIX = re.compile(r"-(\d+)$")  # llama.cpp names per-layer nodes "<name>-<il>"
 _NOT_PINNED_BY_WEIGHT = ("ROPE", "FLASH_ATTN_EXT")
 
 
@@ -174,12 +175,17 @@ class PassModel:
                 src, nbytes = self._source(s), graph.tensor(s).nbytes
                 self.reads[i].append((src, nbytes))
                 self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
-        # a streamed expert tensor moves only its routed experts: weight -> share copied
+        # a streamed expert tensor moves only its routed experts: weight -> share copied (the
+        # calibration's recorded routing; uniform routing without one)
         self.copied_share: dict[str, float] = {}
+        cal = profile.calibration if profile is not None else None
+        routing = cal.routing if cal is not None else None
         for n in graph.nodes:
             if n.op == "MUL_MAT_ID" and n.weight and len(n.srcs) > 2 and n.weight_slot == 0:
                 w, ids = graph.tensor(n.srcs[0]), graph.tensor(n.srcs[2])  # [k, m, n_expert], [n_used, n_tokens]
-                self.copied_share[n.weight] = expert_fraction(w.ne[2], ids.ne[0], n.ne[2])
+                active = routing.active(w.ne[2], ids.ne[0], layer_of(n.weight), n.ne[2]) if routing else None
+                self.copied_share[n.weight] = (active / w.ne[2] if active is not None
+                                               else expert_fraction(w.ne[2], ids.ne[0], n.ne[2]))
         # weights that every reading node's accelerator supports (others must stay on the host)
         self.weights: set[str] = {n.weight for n in graph.nodes if n.weight} | {
             lf.weight for lf in graph.leafs if lf.weight}
@@ -205,8 +211,12 @@ class PassModel:
                      for d in (HOST, acc) if d}
             for op in target_ops(graph):
                 self.targets.add(op.index)
-                self.t_host[op.index] = profile.compute_us(HOST, op) * scale[HOST]
-                self.t_acc[op.index] = profile.compute_us(acc, op) * scale[acc] if acc else self.t_host[op.index]
+                # a MUL_MAT_ID at the distinct experts the recorded routing touches at this size
+                act = (routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
+                       if routing is not None and op.op == "MUL_MAT_ID" else None)
+                self.t_host[op.index] = profile.compute_us(HOST, op, active=act) * scale[HOST]
+                self.t_acc[op.index] = (profile.compute_us(acc, op, active=act) * scale[acc] if acc
+                                        else self.t_host[op.index])
                 self.default_layout[op.index] = profile.default_layout(op)
                 if op.op == "MUL_MAT" and profile.has_layouts(op):
                     # the calibration's host scale was fitted on the default layout: applied to both
@@ -276,8 +286,8 @@ class PassModel:
     def _classify(self, n: Node, caller_pinned: bool) -> Kind:
         if caller_pinned:
             # llama.cpp pins these to their layer's device (dev_layer), which n_gpu_layers moves
-            m = _LAYER_SUFFIX.search(n.name)
-            return ("kv", int(m[1])) if m else ("c", int(n.backend == self.acc))
+            layer = node_layer(n.name)
+            return ("kv", layer) if layer is not None else ("c", int(n.backend == self.acc))
         if n.pinned:
             layer = self.kv_layer(n.index)
             return ("kv", layer) if layer is not None else ("c", int(n.pinned == self.acc))

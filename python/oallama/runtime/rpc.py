@@ -69,6 +69,24 @@ def server_threads(host: str, port: int) -> int | None:
     return None
 
 
+def bytes_acked(port: int) -> int:
+    """Bytes this process has sent on its one TCP connection to `port` (an rpc-server it uses)
+    that the peer acknowledged: the kernel's tcp_info.tcpi_bytes_acked (a u64 at offset 120,
+    Linux 4.1+). What a pass really copied to the server, to check the cost model's copies."""
+    import struct
+
+    import psutil
+
+    conns = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    if len(conns) != 1:
+        raise RpcServerError(f"expected one connection of this process to port {port}, found {len(conns)}")
+    s = socket.socket(fileno=os.dup(conns[0].fd))
+    try:
+        return int(struct.unpack_from("Q", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 120)[0])
+    finally:
+        s.close()
+
+
 def _free_port(host: str, port: int = 0) -> int:
     """A port nothing listens on at `host` (port=0: any); RpcServerError if `port` is taken.
 
