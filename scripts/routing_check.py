@@ -24,10 +24,10 @@ from pathlib import Path
 import oallama
 from oallama import _core
 from oallama.model import gguf_file
-from oallama.planner.graph import layer_of
+from oallama.planner.graph import inventory
 from oallama.planner.profile import PLAIN
 from oallama.planner.routing import measure
-from oallama.planner.schedmodel import expert_fraction
+from oallama.planner.schedmodel import expert_fraction, expert_shares
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens
 from provenance import git_commit
@@ -42,6 +42,7 @@ def check(path: str, server: rpc.RpcServer) -> dict:
     routing = measure(path, n_expert, n_tokens=N_CTX, threads=2, progress=False)
     exps = {t.name: t.nbytes for t in info.tensors if "_exps." in t.name}  # bytes
     whole = sum(exps.values())
+    inv = inventory(path, SIZES, n_ctx=N_CTX)
     rows = []
     for n in SIZES:
         llm = oallama.Llama(path, devices=[server.device_name], n_gpu_layers=0, n_ctx=N_CTX, n_batch=n, n_ubatch=n,
@@ -61,8 +62,13 @@ def check(path: str, server: rpc.RpcServer) -> dict:
                 sent.append(rpc.bytes_acked(server.port) - before)
         finally:
             llm.close()
-        recorded = sum(routing.share(layer_of(w), n) * b for w, b in exps.items())
-        uniform = sum(expert_fraction(n_expert, routing.n_used, n) * b for b in exps.values())
+        # the pass model's shares (`schedmodel.expert_shares`) on llama.cpp's graph of this pass: a
+        # prompt's last layer runs its experts on the output token only; a streamed expert bias
+        # (ADD_ID) is copied whole
+        graph = inv.graphs[n]
+        streamed = {nd.weight for nd in graph.nodes if nd.weight in exps}
+        recorded = sum(expert_shares(graph, routing).get(w, 1.0) * exps[w] for w in streamed)
+        uniform = sum(expert_shares(graph, None).get(w, 1.0) * exps[w] for w in streamed)
         med = statistics.median(sent)
         rows.append({"n_tokens": n, "windows": len(sent), "sent_bytes": sent, "sent_median": med,
                      "predicted_recorded": recorded, "predicted_uniform": uniform, "whole": whole,
@@ -78,7 +84,8 @@ def markdown(results: list[dict], meta: dict) -> str:
     out = [f"# Streamed expert tensors: bytes copied vs predicted (commit {meta['commit']})", "",
            f"Machine: {meta['machine']}; load average before / after: {meta['load_before']} / {meta['load_after']}. "
            "A loopback rpc-server (1 thread); every expert tensor on the host, streamed at any batch; "
-           "median over the prompt's windows of n tokens. Bytes are the TCP bytes the server acknowledged.", "",
+           "median over the prompt's windows of n tokens. Bytes are the TCP bytes the server acknowledged: "
+           "the experts copied plus each pass's activations and graph (a few hundred KB).", "",
            "| model | n tokens | windows | sent MB | recorded routing MB (err) | uniform routing MB (err) | whole MB |",
            "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -89,9 +96,9 @@ def markdown(results: list[dict], meta: dict) -> str:
     out += ["", "Distinct experts per pass of n tokens (mean over layers; recorded in one 512-token pass):", "",
             "| model | n | recorded | uniform |", "|---|---|---|---|"]
     for r in results:
-        d = r["routing"]["distinct"]
-        for n in r["routing"]["distinct"][next(iter(d))]:
-            rec = statistics.fmean(c[n] for c in d.values())
+        curves = [c for c in r["routing"]["distinct"].values()]
+        for n in curves[0]:
+            rec = statistics.fmean(c[n] for c in curves)
             uni = r["n_expert"] * expert_fraction(r["n_expert"], r["n_used"], int(n))
             out.append(f"| {r['model']} | {n} | {rec:.1f} | {uni:.1f} |")
     return "\n".join(out) + "\n"

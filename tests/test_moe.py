@@ -300,6 +300,10 @@ def test_routing_share_and_its_errors() -> None:
     assert r.share(0, 3) == pytest.approx((8 / 3 + (4 - 8 / 3) * np.log(3 / 2) / np.log(2)) / 8)  # linear in log n
     assert r.share(None, 2) == pytest.approx((8 / 3 + 4) / 2 / 8)  # a layer not recorded: the mean
     assert Routing.from_json(r.to_json()) == r
+    # a prompt's last layer routes its output token only: no curve of its own (the others' mean)
+    last = Routing.from_routes([R("ffn_moe_topk-0", [[0, 1], [0, 1], [2, 3], [2, 3]]), R("ffn_moe_topk-1", [[4, 5]])],
+                               n_expert=8)
+    assert list(last.distinct) == [0] and last.n_tokens == 4 and last.share(1, 4) == last.share(0, 4) == 0.5
     with pytest.raises(ProfileError, match="expert_count"):
         Routing.from_routes([R("ffn_moe_topk-0", [[0, 9]])], n_expert=8)
     with pytest.raises(ProfileError, match="ffn_moe_topk"):

@@ -96,8 +96,11 @@ class Routing:
                 layers[int(m[1])] = np.asarray(r.ids)
         if not layers:
             raise ProfileError("routing: the pass recorded no ffn_moe_topk ids (not a mixture of experts?)")
-        ids0 = next(iter(layers.values()))
-        n_tokens, n_used = ids0.shape
+        # llama.cpp runs a prompt's last layer on its output tokens only: such a layer's few
+        # tokens say nothing of a larger pass (`share` takes the other layers' mean for it)
+        n_tokens = max(ids.shape[0] for ids in layers.values())
+        n_used = next(iter(layers.values())).shape[1]
+        layers = {il: ids for il, ids in layers.items() if ids.shape[0] == n_tokens}
         bad = [il for il, ids in layers.items() if ids.size and (ids.min() < 0 or ids.max() >= n_expert)]
         if bad:
             raise ProfileError(f"routing: layer {bad[0]} routed to an expert outside 0..{n_expert - 1} "

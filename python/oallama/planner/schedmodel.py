@@ -49,6 +49,7 @@ from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmo
 from .calibrate import Calibration, work
 from .graph import Graph, Node, layer_of, node_layer
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
+from .routing import Routing
 
 HOST = "CPU"
 _KV_LEAF = re.compile(r"^cache_[a-z]+_l(\d+)$")
@@ -73,6 +74,19 @@ def expert_fraction(n_expert: int, n_used: int, n_tokens: int) -> float:
     if n_expert <= 0 or n_used <= 0:
         return 1.0
     return 1.0 - (1.0 - min(n_used, n_expert) / n_expert) ** max(n_tokens, 1)
+
+
+def expert_shares(graph: Graph, routing: Routing | None) -> dict[str, float]:
+    """Expert tensor -> the share of it a pass of this graph copies when the tensor is streamed:
+    the experts its MUL_MAT_ID's tokens are routed to, by the recorded routing (calibrated), else
+    uniform routing's `expert_fraction`."""
+    out: dict[str, float] = {}
+    for n in graph.nodes:
+        if n.op == "MUL_MAT_ID" and n.weight and len(n.srcs) > 2 and n.weight_slot == 0:
+            w, ids = graph.tensor(n.srcs[0]), graph.tensor(n.srcs[2])  # [k, m, n_expert], [n_used, n_tokens]
+            active = routing.active(w.ne[2], ids.ne[0], layer_of(n.weight), n.ne[2]) if routing else None
+            out[n.weight] = active / w.ne[2] if active is not None else expert_fraction(w.ne[2], ids.ne[0], n.ne[2])
+    return out
 
 
 @dataclass(frozen=True)
@@ -175,17 +189,10 @@ class PassModel:
                 src, nbytes = self._source(s), graph.tensor(s).nbytes
                 self.reads[i].append((src, nbytes))
                 self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
-        # a streamed expert tensor moves only its routed experts: weight -> share copied (the
-        # calibration's recorded routing; uniform routing without one)
-        self.copied_share: dict[str, float] = {}
+        # a streamed expert tensor moves only its routed experts: weight -> share copied
         cal = profile.calibration if profile is not None else None
         routing = cal.routing if cal is not None else None
-        for n in graph.nodes:
-            if n.op == "MUL_MAT_ID" and n.weight and len(n.srcs) > 2 and n.weight_slot == 0:
-                w, ids = graph.tensor(n.srcs[0]), graph.tensor(n.srcs[2])  # [k, m, n_expert], [n_used, n_tokens]
-                active = routing.active(w.ne[2], ids.ne[0], layer_of(n.weight), n.ne[2]) if routing else None
-                self.copied_share[n.weight] = (active / w.ne[2] if active is not None
-                                               else expert_fraction(w.ne[2], ids.ne[0], n.ne[2]))
+        self.copied_share: dict[str, float] = expert_shares(graph, routing)
         # weights that every reading node's accelerator supports (others must stay on the host)
         self.weights: set[str] = {n.weight for n in graph.nodes if n.weight} | {
             lf.weight for lf in graph.leafs if lf.weight}
