@@ -213,7 +213,6 @@ class PassModel:
         if profile is not None:
             from .graph import target_ops
 
-            cal = profile.calibration
             scale = {d: (cal.devices[d].scale_for(self.n_tokens) if cal is not None and d in cal.devices else 1.0)
                      for d in (HOST, acc) if d}
             for op in target_ops(graph):
