@@ -489,14 +489,16 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     cached = cache_dir() / f"{key}.json"
     if cache and cached.exists():
         try:
-            prof = Profile.load(cached).renamed([d.name for d in devs])
+            prof: Profile | None = Profile.load(cached).renamed([d.name for d in devs])
+        except (ProfileError, KeyError, ValueError):
+            prof = None  # unreadable: measure again
+        if prof is not None:
             if progress:
                 print(f"profile: reusing {cached}", file=sys.stderr)
-            if _remeasure_routing(prof, path, settings, progress) and cache:
+            # outside the try: a routing that cannot be measured is an error, not an unreadable cache
+            if _remeasure_routing(prof, path, settings, progress):
                 prof.save(cached)
             return prof
-        except (ProfileError, KeyError, ValueError):
-            pass  # unreadable: measure again
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
