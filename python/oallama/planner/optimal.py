@@ -197,9 +197,9 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
     start: a known placement to start from (e.g. the best baseline); time_limit bounds the search,
     and a search cut short returns its best solution with the remaining gap.
     method: "milp" (HiGHS), "dp" (`chaindp`: exact, raises chaindp.NotDecomposable where its fronts
-    or `time_limit` run out), "auto": the dynamic program within AUTO_DP_SHARE of the time limit
-    (without streaming options, as HiGHS's start, where the program has them), then, unless it
-    solved the program, HiGHS for the rest.
+    or `time_limit` run out), "auto": the dynamic program within AUTO_DP_SHARE of the time limit,
+    then, unless it solved the program, HiGHS for the rest (from the walk's optimum without
+    streaming options, where it found that).
     Returns None when nothing satisfies the budget (e.g. full offload's KV alone exceeds it), or
     nothing beats the cutoff.
     """
@@ -216,16 +216,11 @@ def solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[st
             start_us = sum(w * pm.cost(start).total_us for pm, w in passes)
         if method == "dp":
             return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=time_limit), t0)
-        streams = bool(chaindp.stream_options(passes, full=full, stream=stream, fixed=fixed, no_stream=no_stream))
-        share = AUTO_DP_SHARE * time_limit
-        try:
-            if not streams:  # the walk is the whole program
-                return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us, time_limit=share), t0)
-            # streaming options multiply the walk's states: without them it is a start for HiGHS
-            ns = chaindp.solve(passes, **{**dp_args, "stream": False}, start_us=start_us, time_limit=share)
-            no_stream_plan = ns.placement if ns is not None else None
-        except chaindp.NotDecomposable:
-            pass
+        try:  # the walk decides streaming too: its optimum without streaming options first bounds the rest
+            return _dp_solution(chaindp.solve(passes, **dp_args, start_us=start_us,
+                                              time_limit=AUTO_DP_SHARE * time_limit), t0)
+        except chaindp.NotDecomposable as e:  # its best placement so far, if any, starts HiGHS
+            no_stream_plan = e.incumbent.placement if e.incumbent is not None else None
     pm0 = passes[0][0]
     n_layer = pm0.n_layer
     prog = _Program()
