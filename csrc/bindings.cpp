@@ -28,6 +28,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -699,7 +700,8 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("type_name", [](int type) { return std::string(ggml_type_name(static_cast<ggml_type>(type))); });
 
-    m.def("pareto_bounds", [](const py::list & stages, const std::vector<double> & lambdas) -> py::list {
+    m.def("pareto_bounds", [](const py::list & stages, const std::vector<double> & lambdas,
+                              const std::vector<int64_t> & levels) -> py::list {
         using i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
         using f64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
         for (double l : lambdas) {
@@ -707,17 +709,20 @@ PYBIND11_MODULE(_core, m) {
                 throw std::invalid_argument("pareto_bounds: a price (lambda) is negative or not finite");
             }
         }
+        if (!std::is_sorted(levels.begin(), levels.end()) || (!levels.empty() && levels[0] < 0)) {
+            throw std::invalid_argument("pareto_bounds: levels are not ascending non-negative bytes");
+        }
         std::vector<py::object> keep;
         std::vector<oallama_pareto_stage> st;
         for (const py::handle & h : stages) {
             auto t = h.cast<py::tuple>();
-            if (t.size() != 6) {
-                throw std::invalid_argument("pareto_bounds: a stage is (src, dst, db, dt, n_states, n_next)");
+            if (t.size() != 7) {
+                throw std::invalid_argument("pareto_bounds: a stage is (src, dst, db, sw, dt, n_states, n_next)");
             }
-            i64 src = t[0].cast<i64>(), dst = t[1].cast<i64>(), db = t[2].cast<i64>();
-            f64 dt = t[3].cast<f64>();
-            const int64_t n = src.size(), n_states = t[4].cast<int64_t>(), n_next = t[5].cast<int64_t>();
-            if (dst.size() != n || db.size() != n || dt.size() != n) {
+            i64 src = t[0].cast<i64>(), dst = t[1].cast<i64>(), db = t[2].cast<i64>(), sw = t[3].cast<i64>();
+            f64 dt = t[4].cast<f64>();
+            const int64_t n = src.size(), n_states = t[5].cast<int64_t>(), n_next = t[6].cast<int64_t>();
+            if (dst.size() != n || db.size() != n || sw.size() != n || dt.size() != n) {
                 throw std::invalid_argument("pareto_bounds: stage " + std::to_string(st.size()) + ": edge arrays differ in length");
             }
             if (!st.empty() && st.back().n_next != n_states) {
@@ -731,39 +736,46 @@ PYBIND11_MODULE(_core, m) {
                                                 std::to_string(e) + " names a state out of range");
                 }
             }
-            st.push_back({n, src.data(), dst.data(), db.data(), nullptr, dt.data(), n_states, nullptr, nullptr, n_next});
-            keep.insert(keep.end(), {src, dst, db, dt});
+            st.push_back({n, src.data(), dst.data(), db.data(), sw.data(), dt.data(), n_states, nullptr, nullptr, n_next});
+            keep.insert(keep.end(), {src, dst, db, sw, dt});
         }
         std::vector<std::vector<double>> rest;
         {
             py::gil_scoped_release unlock;
-            oallama_pareto_bounds(st, static_cast<int64_t>(lambdas.size()), lambdas.data(), rest);
+            oallama_pareto_bounds(st, static_cast<int64_t>(lambdas.size()), lambdas.data(),
+                                  static_cast<int64_t>(levels.size()), levels.data(), rest);
         }
         py::list out;
         for (size_t j = 0; j < rest.size(); ++j) {
+            const auto lv = static_cast<py::ssize_t>(std::max<size_t>(levels.size(), 1));
             const auto k = static_cast<py::ssize_t>(lambdas.size());
-            const auto n = k ? static_cast<py::ssize_t>(rest[j].size()) / k : 0;
-            py::array_t<double> a({k, n});
+            const auto n = k ? static_cast<py::ssize_t>(rest[j].size()) / (k * lv) : 0;
+            py::array_t<double> a({lv, k, n});
             std::memcpy(a.mutable_data(), rest[j].data(), rest[j].size() * sizeof(double));
             out.append(a);
         }
         return out;
-    }, py::arg("stages"), py::arg("lambdas"),
-       "Per stage, [len(lambdas), states] the least (us + lambda * bytes fixed) of any rest of a layered\n"
-       "graph of placement decisions (see oallama.h, oallama_pareto_bounds); stages of (src, dst, db, dt,\n"
-       "n_states, n_next); one array more than stages (the last: zeros).");
+    }, py::arg("stages"), py::arg("lambdas"), py::arg("levels") = std::vector<int64_t>{},
+       "Per stage, [levels (or 1), len(lambdas), states] the least (us + lambda * bytes fixed) of any rest of\n"
+       "a layered graph of placement decisions streaming no weight above each level (see oallama.h,\n"
+       "oallama_pareto_bounds); stages of (src, dst, db, sw, dt, n_states, n_next); one array more than\n"
+       "stages (the last: zeros). levels: ascending bytes (none: streaming unbounded).");
 
     m.def("pareto_walk", [](const py::list & stages, int64_t base, double t0, int64_t cap, double limit,
                             int64_t max_entries, double max_seconds, const std::vector<double> & lambdas,
-                            bool beam) -> py::object {
+                            bool beam, const std::vector<int64_t> & levels) -> py::object {
         using i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
         using f64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
         const std::vector<double> prices = lambdas.empty() ? std::vector<double>{0.0} : lambdas;
         const auto n_lambda = static_cast<int64_t>(prices.size());
+        const auto n_lv = static_cast<int64_t>(std::max<size_t>(levels.size(), 1));
         for (double l : prices) {
             if (!(l >= 0.0) || !std::isfinite(l)) {
                 throw std::invalid_argument("pareto_walk: a price (lambda) is negative or not finite");
             }
+        }
+        if (!std::is_sorted(levels.begin(), levels.end()) || (!levels.empty() && levels[0] != 0)) {
+            throw std::invalid_argument("pareto_walk: levels are not ascending bytes from 0 (nothing streamed)");
         }
         std::vector<py::object> keep;  // the converted arrays live until the walk ends
         std::vector<oallama_pareto_stage> st;
@@ -781,13 +793,17 @@ PYBIND11_MODULE(_core, m) {
             if (dst.size() != n || db.size() != n || sw.size() != n || dt.size() != n) {
                 throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": edge arrays differ in length");
             }
-            if (rest.size() != n_lambda * n_next) {
+            if (rest.size() != n_lv * n_lambda * n_next) {
                 throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": rest_next has " +
-                                            std::to_string(rest.size()) + " values, not one per price and state (" +
-                                            std::to_string(n_lambda * n_next) + ")");
+                                            std::to_string(rest.size()) + " values, not one per level, price and state (" +
+                                            std::to_string(n_lv * n_lambda * n_next) + ")");
             }
             const int64_t n_states = t[5].cast<int64_t>();
             for (int64_t e = 0; e < n; ++e) {
+                if (!levels.empty() && sw.data()[e] > levels.back()) {
+                    throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": edge " +
+                                                std::to_string(e) + " streams more bytes than the largest level");
+                }
                 if (src.data()[e] < 0 || src.data()[e] >= n_states || dst.data()[e] < 0 || dst.data()[e] >= n_next) {
                     throw std::invalid_argument("pareto_walk: stage " + std::to_string(st.size()) + ": edge " +
                                                 std::to_string(e) + " names a state out of range");
@@ -801,7 +817,8 @@ PYBIND11_MODULE(_core, m) {
         int rc;
         {
             py::gil_scoped_release unlock;
-            rc = oallama_pareto_walk(st, base, t0, cap, limit, n_lambda, prices.data(), max_entries, beam, max_seconds, r);
+            rc = oallama_pareto_walk(st, base, t0, cap, limit, n_lambda, prices.data(), static_cast<int64_t>(levels.size()),
+                                     levels.data(), max_entries, beam, max_seconds, r);
         }
         if (rc == OALLAMA_PARETO_NONE) {
             return py::none();
@@ -818,9 +835,11 @@ PYBIND11_MODULE(_core, m) {
                               r.max_entries);
     }, py::arg("stages"), py::arg("base"), py::arg("t0"), py::arg("cap"), py::arg("limit"), py::arg("max_entries"),
        py::arg("max_seconds"), py::arg("lambdas") = std::vector<double>{}, py::arg("beam") = false,
+       py::arg("levels") = std::vector<int64_t>{},
        "Least-time path through a layered graph of placement decisions within `cap` bytes (see oallama.h,\n"
        "oallama_pareto_walk): (us, bytes, edge per stage, largest front) or None; raises ValueError when a\n"
        "stage's fronts exceed max_entries or max_seconds pass. lambdas: prices (us per byte) of the rows of\n"
        "each stage's rest_next (default: one row, price 0); beam: keep the max_entries entries of least bound\n"
-       "per stage instead of failing (a heuristic path).");
+       "per stage instead of failing (a heuristic path); levels: the largest streamed sizes of rest_next's\n"
+       "rows (ascending bytes from 0; none: one row per price, streaming unbounded).");
 }

@@ -453,17 +453,20 @@ std::vector<int> oallama_quant_compute_types(const oallama_quant_model_desc & de
 // then needs room for the largest streamed weight, charged once), and adds `dt` us. Label setting:
 // per state, the Pareto front of (bytes, us) for each largest streamed size, pruned by the budget
 // (with the least bytes the rest of the walk fixes, `least_next`) and by `limit` us with Lagrangian
-// lower bounds of the us the rest adds: for each price lambda_k (us per byte), `rest_next[k]` is the
-// least (us + lambda_k * bytes fixed) of any rest of the walk, so an entry with b bytes and t us
-// ends no sooner than t + rest_next[k][state] - lambda_k * (cap - b) (lambda 0: the rest's least us
-// whatever its bytes). `beam`: a heuristic walk instead, keeping at most max_entries entries per
-// stage (those whose bound is least): a good placement fast, not the proven best (its us then bound
-// an exact walk).
+// lower bounds of the us the rest adds: for each level l of the largest streamed weight (`levels`,
+// ascending bytes; none: one level, streaming unbounded) and price lambda_k (us per byte),
+// `rest_next[l][k]` is the least (us + lambda_k * bytes fixed) of any rest of the walk streaming no
+// weight above levels[l]. An entry with b bytes, largest streamed m and t us ends no sooner than
+// t + min over levels[l] >= m of (rest_next[l][k][state] - lambda_k * (cap - b - (levels[l] - m)))
+// for every k (lambda 0: the rest's least us, whatever its bytes). `beam`: a heuristic walk
+// instead, keeping at most max_entries entries per stage (those whose bound is least): a good
+// placement fast, not the proven best (its us then bound an exact walk).
 //
 //     double lambdas[] = {0.0, 1e-4};  // us per byte
 //     std::vector<oallama_pareto_stage> stages = {{n_edges, src, dst, db, sw, dt, n_states, least_next, rest_next, n_next}, ...};
 //     oallama_pareto_result r;
-//     if (oallama_pareto_walk(stages, base, t0, cap, INFINITY, 2, lambdas, 400000, false, 10.0, r) == OALLAMA_PARETO_OK) {
+//     if (oallama_pareto_walk(stages, base, t0, cap, INFINITY, 2, lambdas, 0, nullptr, 400000, false, 10.0, r) ==
+//         OALLAMA_PARETO_OK) {
 //         // r.t: least us; r.edges[j]: the edge taken at stage j
 //     }
 
@@ -483,7 +486,7 @@ struct oallama_pareto_stage {
     const double *  dt;          // [n_edges] us
     int64_t         n_states;    // states of the previous stage
     const int64_t * least_next;  // [states of this stage] least bytes the rest of the walk fixes
-    const double *  rest_next;   // [n_lambda][n_next] least us + lambda_k * bytes the rest adds
+    const double *  rest_next;   // [levels][n_lambda][n_next] least us + lambda_k * bytes the rest adds
     int64_t         n_next;      // states of this stage
 };
 
@@ -496,15 +499,17 @@ struct oallama_pareto_result {
 };
 
 int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_t base, double t0, int64_t cap,
-                        double limit, int64_t n_lambda, const double * lambdas, int64_t max_entries,
-                        bool beam, double max_seconds, oallama_pareto_result & result);
+                        double limit, int64_t n_lambda, const double * lambdas, int64_t n_level,
+                        const int64_t * levels, int64_t max_entries, bool beam, double max_seconds,
+                        oallama_pareto_result & result);
 
-// The rest_next rows the walk prunes with: for each price lambda_k (us per byte) and state of each
-// stage j, the least (us + lambda_k * bytes fixed) of any rest of the walk from it; rest[j] is
-// [n_lambda][states before stage j] (rest[j + 1] is stage j's rest_next; the stages' own rest_next
-// and least_next are not read).
+// The rest_next rows the walk prunes with: for each level of the largest streamed weight, price
+// lambda_k (us per byte) and state of each stage j, the least (us + lambda_k * bytes fixed) of any
+// rest of the walk from it streaming nothing above the level; rest[j] is [levels][n_lambda][states
+// before stage j] (rest[j + 1] is stage j's rest_next; the stages' own rest_next and least_next are
+// not read).
 //
 //     std::vector<std::vector<double>> rest;
-//     oallama_pareto_bounds(stages, 2, lambdas, rest);
+//     oallama_pareto_bounds(stages, 2, lambdas, 0, nullptr, rest);
 void oallama_pareto_bounds(const std::vector<oallama_pareto_stage> & stages, int64_t n_lambda, const double * lambdas,
-                           std::vector<std::vector<double>> & rest);
+                           int64_t n_level, const int64_t * levels, std::vector<std::vector<double>> & rest);

@@ -84,23 +84,35 @@ void pareto_filter(std::vector<entry> & c) {
 }  // namespace
 
 int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_t base, double t0, int64_t cap,
-                        double limit, int64_t n_lambda, const double * lambdas, int64_t max_entries,
-                        bool beam, double max_seconds, oallama_pareto_result & result) {
+                        double limit, int64_t n_lambda, const double * lambdas, int64_t n_level,
+                        const int64_t * levels, int64_t max_entries, bool beam, double max_seconds,
+                        oallama_pareto_result & result) {
     const auto started = std::chrono::steady_clock::now();
     std::vector<entry> cur = {{base, 0, t0, 0, -1, -1}};
     std::vector<std::vector<std::pair<int32_t, int32_t>>> hist(stages.size());  // (parent, edge) per kept entry
     std::vector<entry> next, cand;
     std::vector<int64_t> first, count, bucket, fill;
     result.max_entries = 1;
-    // an entry that cannot end within `limit`: by some price's bound on the rest (us, bytes <= cap - b)
-    auto beyond = [&](const oallama_pareto_stage & s, int64_t dst, int64_t b, double t) {
-        const int64_t n = static_cast<int64_t>(s.n_next);
+    // a lower bound of the whole path's us of an entry: for each price, the least over the largest
+    // streamed sizes its path can end with (levels >= m: the rest streams nothing larger, and the
+    // bytes left shrink by the growth of the streamed copy), the best of the prices
+    const int64_t n_lv = std::max<int64_t>(n_level, 1);
+    auto bound = [&](const oallama_pareto_stage & s, int64_t dst, int64_t b, int64_t m, double t) {
+        const int64_t n = s.n_next;
+        double best = -INFINITY;
         for (int64_t k = 0; k < n_lambda; ++k) {
-            if (t + s.rest_next[k * n + dst] - lambdas[k] * static_cast<double>(cap - b) > limit) {
-                return true;
+            double lo = INFINITY;
+            for (int64_t l = 0; l < n_lv; ++l) {
+                if (n_level > 0 && levels[l] < m) {
+                    continue;
+                }
+                const int64_t grow = n_level > 0 ? levels[l] - m : 0;
+                lo = std::min(lo, s.rest_next[(l * n_lambda + k) * n + dst] -
+                                      lambdas[k] * static_cast<double>(cap - b - grow));
             }
+            best = std::max(best, t + lo);
         }
-        return false;
+        return best;
     };
     for (size_t j = 0; j < stages.size(); ++j) {
         const oallama_pareto_stage & s = stages[j];
@@ -128,7 +140,7 @@ int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_
                 const int64_t m = std::max(x.m, s.sw[e]);
                 const int64_t b = x.b + s.db[e] + (m - x.m);
                 const double  t = x.t + s.dt[e];
-                if (b + s.least_next[dst] > cap || beyond(s, dst, b, t)) {
+                if (b + s.least_next[dst] > cap || bound(s, dst, b, m, t) > limit) {
                     continue;
                 }
                 cand.push_back({b, m, t, dst, static_cast<int32_t>(i), static_cast<int32_t>(e)});
@@ -157,13 +169,7 @@ int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_
         pareto_filter(next);
         if (beam && static_cast<int64_t>(next.size()) > max_entries) {
             // a heuristic walk: the entries whose bound on the whole path is least, in state order again
-            auto key = [&](const entry & x) {
-                double k = -INFINITY;
-                for (int64_t l = 0; l < n_lambda; ++l) {
-                    k = std::max(k, x.t + s.rest_next[l * s.n_next + x.state] - lambdas[l] * static_cast<double>(cap - x.b));
-                }
-                return k;
-            };
+            auto key = [&](const entry & x) { return bound(s, x.state, x.b, x.m, x.t); };
             std::vector<std::pair<double, size_t>> order(next.size());
             for (size_t i = 0; i < next.size(); ++i) {
                 order[i] = {key(next[i]), i};
@@ -210,21 +216,30 @@ int oallama_pareto_walk(const std::vector<oallama_pareto_stage> & stages, int64_
 }
 
 void oallama_pareto_bounds(const std::vector<oallama_pareto_stage> & stages, int64_t n_lambda, const double * lambdas,
-                           std::vector<std::vector<double>> & rest) {
-    // backwards: rest[j][k * states_j + s] = least over s's edges e of dt + lambda_k * db + rest[j + 1][k, dst]
+                           int64_t n_level, const int64_t * levels, std::vector<std::vector<double>> & rest) {
+    // backwards: rest[j][(l * n_lambda + k) * states_j + s] = least over s's edges e streaming no more than
+    // level l of dt + lambda_k * db + rest[j + 1][l, k, dst]
     const size_t n = stages.size();
+    const int64_t n_lv = std::max<int64_t>(n_level, 1);
     rest.assign(n + 1, {});
-    rest[n].assign(static_cast<size_t>(n_lambda * (n ? stages[n - 1].n_next : 1)), 0.0);
+    rest[n].assign(static_cast<size_t>(n_lv * n_lambda * (n ? stages[n - 1].n_next : 1)), 0.0);
     for (size_t j = n; j-- > 0;) {
         const oallama_pareto_stage & s = stages[j];
         const std::vector<double> & after = rest[j + 1];
         std::vector<double> & here = rest[j];
-        here.assign(static_cast<size_t>(n_lambda * s.n_states), INFINITY);
-        for (int64_t e = 0; e < s.n_edges; ++e) {
-            for (int64_t k = 0; k < n_lambda; ++k) {
-                const double v = s.dt[e] + lambdas[k] * static_cast<double>(s.db[e]) + after[k * s.n_next + s.dst[e]];
-                double & slot = here[k * s.n_states + s.src[e]];
-                slot = std::min(slot, v);
+        here.assign(static_cast<size_t>(n_lv * n_lambda * s.n_states), INFINITY);
+        for (int64_t l = 0; l < n_lv; ++l) {
+            for (int64_t e = 0; e < s.n_edges; ++e) {
+                if (n_level > 0 && s.sw[e] > levels[l]) {
+                    continue;
+                }
+                for (int64_t k = 0; k < n_lambda; ++k) {
+                    const int64_t row = l * n_lambda + k;
+                    const double v = s.dt[e] + lambdas[k] * static_cast<double>(s.db[e]) +
+                                     after[row * s.n_next + s.dst[e]];
+                    double & slot = here[row * s.n_states + s.src[e]];
+                    slot = std::min(slot, v);
+                }
             }
         }
     }

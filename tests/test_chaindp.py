@@ -55,24 +55,32 @@ def _least(stages: list[tuple], base: int, t0: float, cap: int) -> float:
 
 def _walk(stages: list[tuple], base: int, t0: float, cap: int, limit: float, lambdas: list[float],
           entries: int = 100_000, beam: bool = False):
-    rest = _core.pareto_bounds([(s, d, b, t, n0, n1) for s, d, b, _, t, n0, n1 in stages], lambdas)
+    levels = sorted({0, *(int(x) for st in stages for x in st[3])})
+    rest = _core.pareto_bounds([(s, d, b, w, t, n0, n1) for s, d, b, w, t, n0, n1 in stages], lambdas, levels)
     least = [np.zeros(n1, dtype=np.int64) for *_, n1 in stages]  # no byte bound: the walk checks the cap
     walk_stages = [(s, d, b, w, t, n0, least[j], rest[j + 1]) for j, (s, d, b, w, t, n0, _) in enumerate(stages)]
-    return _core.pareto_walk(walk_stages, base, t0, cap, limit, entries, 10.0, lambdas, beam)
+    return _core.pareto_walk(walk_stages, base, t0, cap, limit, entries, 10.0, lambdas, beam, levels)
+
+
+def _rest_paths(stages: list[tuple], j: int, state: int, level: int | None):
+    """Every path from `state` before stage j streaming no weight above `level` (None: any)."""
+    return [(t, b) for t, b, m in _paths(stages, j, state) if level is None or m <= level]
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_priced_bounds_are_the_least_of_every_rest(seed: int) -> None:
     stages = _graph(seed)
     lambdas = [0.0, 0.5, 3.0]
-    rest = _core.pareto_bounds([(s, d, b, t, n0, n1) for s, d, b, _, t, n0, n1 in stages], lambdas)
-    assert len(rest) == len(stages) + 1
-    for j, (*_, n0, _) in enumerate(stages):
-        assert rest[j].shape == (len(lambdas), n0)
-        for k, lam in enumerate(lambdas):
-            for state in range(n0):
-                want = min((t + lam * b for t, b, _ in _paths(stages, j, state)), default=math.inf)
-                assert rest[j][k, state] == pytest.approx(want)
+    for levels in ([], [0, 1, 3]):
+        rest = _core.pareto_bounds([(s, d, b, w, t, n0, n1) for s, d, b, w, t, n0, n1 in stages], lambdas, levels)
+        assert len(rest) == len(stages) + 1
+        for j, (*_, n0, _) in enumerate(stages):
+            assert rest[j].shape == (max(len(levels), 1), len(lambdas), n0)
+            for li, level in enumerate(levels or [None]):
+                for k, lam in enumerate(lambdas):
+                    for state in range(n0):
+                        want = min((t + lam * b for t, b in _rest_paths(stages, j, state, level)), default=math.inf)
+                        assert rest[j][li, k, state] == pytest.approx(want)
 
 
 @pytest.mark.parametrize("cap", [4, 9, 16])
@@ -115,17 +123,23 @@ def test_the_heuristic_walk_finds_a_path_that_fits(seed: int) -> None:
 
 def test_the_bounds_check_their_input() -> None:
     one = np.zeros(1, dtype=np.int64)
-    ok = (one, one, one, np.zeros(1), 1, 1)
-    assert _core.pareto_bounds([ok], [0.0])[0][0, 0] == 0.0
+    ok = (one, one, one, one, np.zeros(1), 1, 1)
+    assert _core.pareto_bounds([ok], [0.0])[0][0, 0, 0] == 0.0
     with pytest.raises(ValueError, match="negative or not finite"):
         _core.pareto_bounds([ok], [-1.0])
+    with pytest.raises(ValueError, match="levels are not ascending"):
+        _core.pareto_bounds([ok], [0.0], [3, 1])
     with pytest.raises(ValueError, match="stage 1 starts from 2 states, the stage before ends in 1"):
-        _core.pareto_bounds([ok, (one, one, one, np.zeros(1), 2, 1)], [0.0])
+        _core.pareto_bounds([ok, (one, one, one, one, np.zeros(1), 2, 1)], [0.0])
     with pytest.raises(ValueError, match="stage 0: edge 0 names a state out of range"):
-        _core.pareto_bounds([(one + 1, one, one, np.zeros(1), 1, 1)], [0.0])
-    with pytest.raises(ValueError, match="rest_next has 1 values, not one per price and state"):
-        _core.pareto_walk([(one, one, one, one, np.zeros(1), 1, one, np.zeros(1))], 0, 0.0, 10, math.inf, 10, 10.0,
-                          [0.0, 1.0])
+        _core.pareto_bounds([(one + 1, one, one, one, np.zeros(1), 1, 1)], [0.0])
+    walk_stage = (one, one, one, one + 5, np.zeros(1), 1, one, np.zeros(2))
+    with pytest.raises(ValueError, match="rest_next has 2 values, not one per level, price and state"):
+        _core.pareto_walk([walk_stage], 0, 0.0, 10, math.inf, 10, 10.0, [0.0, 1.0], False, [0, 5])
+    with pytest.raises(ValueError, match="streams more bytes than the largest level"):
+        _core.pareto_walk([walk_stage], 0, 0.0, 10, math.inf, 10, 10.0, [0.0, 1.0], False, [0])
+    with pytest.raises(ValueError, match="ascending bytes from 0"):
+        _core.pareto_walk([walk_stage], 0, 0.0, 10, math.inf, 10, 10.0, [0.0, 1.0], False, [5])
 
 
 # --- stages alike, reused: the same graph as computed stage by stage -------------------------------

@@ -361,15 +361,17 @@ def pareto_walk(stages: Sequence[tuple[npt.NDArray[np.int64], npt.NDArray[np.int
                                        npt.NDArray[np.float64]]],
                 base: int, t0: float, cap: int, limit: float, max_entries: int,
                 max_seconds: float, lambdas: Sequence[float] = ...,
-                beam: bool = False) -> tuple[float, int, npt.NDArray[np.int64], int] | None:
+                beam: bool = False, levels: Sequence[int] = ...) -> tuple[float, int, npt.NDArray[np.int64], int] | None:
     """Least-time path through a layered graph of placement decisions within `cap` bytes: stages of
     (src, dst, bytes fixed, bytes streamed, us, states before, least bytes after per state, rest
-    bound [len(lambdas), states after]); returns (us, bytes, edge per stage, largest front) or None;
-    ValueError when a front exceeds max_entries or max_seconds pass. lambdas: the prices (us per
-    byte) of the rest bound's rows (default [0]); beam: keep the max_entries entries of least bound
-    per stage instead (a heuristic path)."""
+    bound [levels, len(lambdas), states after]); returns (us, bytes, edge per stage, largest front)
+    or None; ValueError when a front exceeds max_entries or max_seconds pass. lambdas: the prices
+    (us per byte) of the rest bound's rows (default [0]); beam: keep the max_entries entries of
+    least bound per stage instead (a heuristic path); levels: the largest streamed sizes of the
+    rows (ascending from 0; default: one, streaming unbounded)."""
 def pareto_bounds(stages: Sequence[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
-                                         npt.NDArray[np.float64], int, int]],
-                  lambdas: Sequence[float]) -> list[npt.NDArray[np.float64]]:
-    """Per stage (and one more, zeros), [len(lambdas), states] the least (us + lambda * bytes fixed)
-    of any rest of the graph; stages of (src, dst, bytes fixed, us, states before, states after)."""
+                                         npt.NDArray[np.int64], npt.NDArray[np.float64], int, int]],
+                  lambdas: Sequence[float], levels: Sequence[int] = ...) -> list[npt.NDArray[np.float64]]:
+    """Per stage (and one more, zeros), [levels, len(lambdas), states] the least (us + lambda *
+    bytes fixed) of any rest of the graph streaming no weight above each level; stages of (src,
+    dst, bytes fixed, bytes streamed, us, states before, states after)."""

@@ -30,7 +30,10 @@ least bytes the rest must fix) and against the best known placement with Lagrang
 price lambda of accelerator bytes (us per byte), the rest's least us + lambda * bytes, less lambda
 times the bytes left, is a lower bound of the rest's us within the budget (`_core.pareto_bounds`;
 the prices spread around the one whose bound at the start is highest, within 0.2-0.6% of the
-optimum on a 48-layer MoE). The best known placement comes from a heuristic walk first (fronts cut
+optimum on a 48-layer MoE). Streaming fixes no bytes but needs room for the largest streamed
+copy, so the bound is taken per size the path's largest streamed weight can end at: the rest
+then streams nothing larger, and the bytes left shrink by that copy's growth (without this, a
+64-layer 32B shape's fronts passed 400k entries). The best known placement comes from a heuristic walk first (fronts cut
 to the 500 entries of least bound). And the walk without streaming options comes first: its optimum
 bounds the walk with them, whose fronts it then prunes hard. The result is the program's optimum
 (tests compare it with HiGHS's on real graphs).

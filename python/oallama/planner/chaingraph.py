@@ -238,11 +238,14 @@ class StageGraph:
         out.reverse()
         return out
 
-    def least_priced(self, edges: Sequence[tuple[np.ndarray, ...]], lambdas: np.ndarray) -> list[np.ndarray]:
-        """Per stage: [len(lambdas), states] the least (us + lambda * bytes fixed) the rest of the walk
-        adds, for each price lambda (us per byte; 0: its least us, whatever its bytes)."""
-        return _core.pareto_bounds([(src, dst, db, dt, self.n_states[j], self.n_states[j + 1])
-                                    for j, (src, _, dst, db, _, dt) in enumerate(edges)], np.asarray(lambdas).tolist())
+    def least_priced(self, edges: Sequence[tuple[np.ndarray, ...]], lambdas: np.ndarray,
+                     levels: Sequence[int] = ()) -> list[np.ndarray]:
+        """Per stage: [levels, len(lambdas), states] the least (us + lambda * bytes fixed) the rest of
+        the walk adds streaming no weight above each level, for each price lambda (us per byte; 0:
+        its least us, whatever its bytes). No levels: one, streaming unbounded."""
+        return _core.pareto_bounds([(src, dst, db, sw, dt, self.n_states[j], self.n_states[j + 1])
+                                    for j, (src, _, dst, db, sw, dt) in enumerate(edges)],
+                                   np.asarray(lambdas).tolist(), list(levels))
 
     def prices(self, edges: Sequence[tuple[np.ndarray, ...]]) -> np.ndarray:
         """Prices of accelerator bytes (us per byte) whose Lagrangian bounds prune the walk: 0, and a
@@ -251,7 +254,7 @@ class StageGraph:
         room = float(self.cap - self.base)
 
         def bound(lams: np.ndarray) -> np.ndarray:
-            return self.least_priced(edges, lams)[0][:, 0] - lams * room
+            return self.least_priced(edges, lams)[0][0, :, 0] - lams * room
 
         grid = np.concatenate(([0.0], np.logspace(-9, 2, 23)))  # us per byte
         for _ in range(3):
@@ -282,7 +285,10 @@ class StageGraph:
         limit = bound * (1 + 1e-9) + 1e-6 if math.isfinite(bound) else math.inf
         if self.lambdas is None:  # the prices of the first walk serve the next (the same budget)
             self.lambdas = self.prices(edges)
-        rest = self.least_priced(edges, self.lambdas)
+        # the largest streamed weight a path ends with: what its rest may still stream, and the
+        # bytes its copy still takes from the budget (a bound per size streamed)
+        levels = sorted({0, *(int(x) for e in edges for x in np.unique(e[4]))})
+        rest = self.least_priced(edges, self.lambdas, levels)
         stages = [(src, dst, db, sw, dt, self.n_states[j], least[j + 1], rest[j + 1])
                   for j, (src, _, dst, db, sw, dt) in enumerate(edges)]
 
@@ -290,7 +296,7 @@ class StageGraph:
             try:
                 return _core.pareto_walk(stages, self.base, self.c0, self.cap, limit, entries,
                                          max(0.0, deadline - time.perf_counter()) if math.isfinite(deadline) else 1e9,
-                                         self.lambdas.tolist(), heuristic)
+                                         self.lambdas.tolist(), heuristic, levels)
             except ValueError as e:
                 raise NotDecomposable(str(e)) from None
 
