@@ -172,3 +172,60 @@ def test_cpu_only_plan_cli_loads_as_planned(q4_0_model: Path, tmp_path: Path) ->
     finally:
         llm.close()
     assert {w: where[w] for w in doc["layouts"]} == doc["layouts"]
+
+
+# --- a mixture of experts: its expert tensors (MUL_MAT_ID) have the layouts too ------------------
+
+
+@pytest.fixture(scope="module")
+def moe_q4_0(synth_model) -> Path:
+    return synth_model("qwen3moe-small", "q4_0", n_layer=2)
+
+
+@pytest.fixture(scope="module")
+def moe_reference(moe_q4_0: Path) -> tuple[dict[str, str], np.ndarray, list[int]]:
+    return _run(moe_q4_0)
+
+
+@pytest.mark.parametrize("layout,dual_max_batch", [(PLAIN, 0), (REPACK, 0), (DUAL, 8)],
+                         ids=["plain", "repacked", "dual-split-at-8"])
+def test_expert_layouts_compute_the_same_model(moe_q4_0: Path, moe_reference, layout: str,
+                                               dual_max_batch: int) -> None:
+    experts = [w for w in _repacked(moe_q4_0) if "_exps." in w]
+    assert experts, "llama.cpp repacks the q4_0 expert tensors"
+    where, logits, tokens = _run(moe_q4_0, layouts={w: layout for w in experts}, dual_max_batch=dual_max_batch)
+    assert {where[w] for w in experts} == {layout}
+    _, ref_logits, ref_tokens = moe_reference
+    nmse = float(np.sum((logits - ref_logits) ** 2) / np.sum(ref_logits**2))
+    assert nmse < 1e-4, f"logits differ from llama.cpp's default layout: NMSE {nmse:.2e}"
+    assert tokens == ref_tokens
+
+
+def test_expert_matmuls_are_timed_and_chosen_in_both_layouts(moe_q4_0: Path, tmp_path: Path) -> None:
+    ctx = build_context(moe_q4_0, None, Workload(prompt=64, gen=16, n_ubatch=64), threads=2, progress=False)
+    prof = ctx.profile
+    for lay in (PLAIN, REPACK):
+        ids = {k: v for k, v in prof.layouts[lay].items() if k.startswith("MUL_MAT_ID:")}
+        assert ids and {v["buffer_type"] for v in ids.values()} == {lay}
+        assert any("few_median_us" in v for v in ids.values())  # the routed interpolation in each layout
+    experts = {ctx.passes[n].graph.nodes[i].weight for n in ctx.passes for i in ctx.passes[n].t_layout
+               if ctx.passes[n].graph.nodes[i].op == "MUL_MAT_ID"}
+    assert experts and all("_exps." in w for w in experts)
+    costs = layoutmod.weight_costs(ctx, make_plan(ctx, "optimal", None).placement)
+    assert experts <= set(costs) and not any(costs[w].fixed for w in experts)
+    # the choice follows the times: made plain-faster at every batch, the experts go plain
+    for pm in ctx.passes.values():
+        for i, lays in pm.t_layout.items():
+            if pm.graph.nodes[i].op == "MUL_MAT_ID":
+                lays[PLAIN], lays[REPACK] = 1.0, 2.0
+    plan = make_plan(ctx, "optimal", None)
+    assert {plan.placement.layouts[w] for w in experts} == {PLAIN}
+    # and the plan loads so: read back per expert tensor
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_json()))
+    llm = Llama(str(moe_q4_0), placement=str(path), n_ctx=128, verbose=False)
+    try:
+        where = {t.name: _layout(t.buffer_type) for t in llm.tensor_placements()}
+    finally:
+        llm.close()
+    assert {w: where[w] for w in plan.placement.layouts} == plan.placement.layouts

@@ -3,9 +3,10 @@ both (patch 0006's CPU_REPACK_DUAL), chosen for the stated workload.
 
 On some CPUs the repacked kernels decode faster and prefill slower than the plain ones (oallama's
 2-core EPYC: q4_K repacked 1.45x faster at 1 column, 2x slower at 64-512); llama.cpp repacks
-every weight it can. The profile times each host matmul in both layouts (`Profile.layouts`), the
-pass models cost a placement's layouts (`PassModel.host_us`), and `choose` picks, for each host
-weight, the layout of least workload-weighted time:
+every weight it can. The profile times each host matmul in both layouts (`Profile.layouts`; a
+mixture of experts' expert matmuls too, at their recorded routing), the pass models cost a
+placement's layouts (`PassModel.host_us`), and `choose` picks, for each host weight, the layout of
+least workload-weighted time:
 
   single   plain or repacked, whichever costs less over the workload's passes;
   dual     both copies, each op using the repacked one below `dual_max_batch` columns and the
@@ -79,7 +80,7 @@ def weight_costs(ctx: PlanContext, p: Placement) -> dict[str, WeightCost]:
             e = acc.setdefault(w, {"default": pm.default_layout[i], "ops": [], "streamed": False})
             lays = pm.t_layout.get(i)
             if lays is None:
-                excluded.add(w)  # an op of this weight was not timed in both layouts (e.g. MUL_MAT_ID)
+                excluded.add(w)  # an op of this weight was not timed in both layouts
                 continue
             if dev[i]:
                 e["streamed"] = True  # streamed at this batch: runs on the accelerator

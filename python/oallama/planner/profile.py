@@ -30,7 +30,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
 PLAIN, REPACK, DUAL = "CPU", "CPU_REPACK", "CPU_REPACK_DUAL"  # host weight layouts (ggml buffer types)
 HOST_LAYOUTS = (PLAIN, REPACK)  # timed per host matmul; DUAL runs one or the other (by batch)
-LAYOUTS_VERSION = 1  # how `layouts` is measured (part of the profile key)
+LAYOUTS_VERSION = 2  # how `layouts` is measured (part of the profile key); 2: MUL_MAT_ID too
 
 
 def cache_dir() -> Path:
@@ -365,25 +365,53 @@ def _spread(sizes: list[int], k: int = 6) -> list[int]:
     return sorted(pts | {4 << 20})
 
 
-def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], wtype: str, shape: tuple[int, ...],
-                  cols: list[int], timed: Sequence[Any], threads: int, warmup: int, repeats: int) -> None:
-    """A host matmul in the layout its default load did not time: the plain one when the default
-    is repacked; the repacked one, if the CPU has it for this weight, when the default is plain
-    (no repacking, or a GPU's host memory). Both go to `out` (layout -> op key -> stats)."""
-    default = timed[0].buffer_type
+def _time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int | None,
+             threads: int, warmup: int, repeats: int, repack: bool, host_of: str,
+             layout: str = "") -> tuple[list[Any], list[dict[str, Any]]]:
+    """One weight matmul signature at each column count: (results, extra stats per column).
+    MUL_MAT_ID (experts [k, m, n_expert], n_used per token): each of n tokens routed so that
+    min(n_expert, n * n_used) distinct experts are active (every expert's weights are read once a
+    batch is large enough, as with real routing), and also with every token on the same n_used
+    experts (`few_median_us`): a real routing's time lies between (`op_time_us`'s active)."""
+    if op == "MUL_MAT":
+        res = _core.profile_mul_mat(device, wtype, shape[0], shape[1], cols, threads, warmup, repeats, repack, host_of,
+                                    layout)
+        return res, [{} for _ in cols]
+    assert n_used is not None
+    active = [min(shape[2], n * n_used) for n in cols]
+    res = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, cols, active, threads, warmup,
+                                   repeats, repack, host_of, layout)
+    extra: list[dict[str, Any]] = [{"n_expert_used": n_used, "n_active": a} for a in active]
+    few = [n for n, a in zip(cols, active, strict=True) if a > n_used]
+    if few:
+        res_few = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, few,
+                                           [n_used] * len(few), threads, warmup, repeats, repack, host_of, layout)
+        for x, n in zip(extra, cols, strict=True):
+            if n in few:
+                x["few_median_us"] = statistics.median(res_few[few.index(n)].samples_us)
+    return res, extra
+
+
+def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str, shape: tuple[int, ...],
+                  cols: list[int], timed: tuple[list[Any], list[dict[str, Any]]],
+                  time_in: Callable[[str], tuple[list[Any], list[dict[str, Any]]]]) -> None:
+    """A host weight matmul (MUL_MAT, or a mixture of experts' MUL_MAT_ID) in the layout its default
+    load did not time: the plain one when the default is repacked; the repacked one, if the CPU has
+    it for this weight, when the default is plain (no repacking, or a GPU's host memory). Both go to
+    `out` (layout -> op key -> stats). time_in(layout): timed with repacking on and no GPU host
+    memory, in that layout ("": the loader's own choice)."""
+    default = timed[0][0].buffer_type
     if default == REPACK:
-        other = _core.profile_mul_mat("CPU", wtype, shape[0], shape[1], cols, threads, warmup, repeats, layout=PLAIN)
-        pairs = {REPACK: timed, PLAIN: other}
+        pairs = {REPACK: timed, PLAIN: time_in(PLAIN)}
     else:
-        # the loader's own probe: only a weight CPU_REPACK supports may be put there
-        other = _core.profile_mul_mat("CPU", wtype, shape[0], shape[1], cols, threads, warmup, repeats, True, "")
-        if other[0].buffer_type != REPACK:
+        other = time_in("")  # the loader's own probe: only a weight CPU_REPACK supports may be put there
+        if other[0][0].buffer_type != REPACK:
             return
         pairs = {PLAIN: timed, REPACK: other}
-    for lay, res in pairs.items():
-        for n, r in zip(cols, res, strict=True):
-            out.setdefault(lay, {})[Profile.op_key("MUL_MAT", wtype, shape, n)] = {**_stats(r.samples_us),
-                                                                                 "buffer_type": r.buffer_type}
+    for lay, (res, extra) in pairs.items():
+        for n, r, x in zip(cols, res, extra, strict=True):
+            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
+                                                                            "buffer_type": r.buffer_type, **x}
 
 
 def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
@@ -416,40 +444,25 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                         "issue_us": statistics.median(issue.samples_us)}
         for (op, wtype, shape), ns in sorted(sigs.items()):
             cols = sorted(ns)
-            extra: list[dict[str, Any]] = [{} for _ in cols]
+            n_used = None
+            if op == "MUL_MAT_ID" and len(shape) == 3 and len(routed.get((op, wtype, shape), ())) == 1:
+                (n_used,) = routed[(op, wtype, shape)]
+            elif op != "MUL_MAT":
+                raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
+                                   f"{sorted(routed.get((op, wtype, shape), ()))})")
             try:
-                if op == "MUL_MAT":
-                    res = _core.profile_mul_mat(d.name, wtype, shape[0], shape[1], cols, threads, warmup, repeats,
-                                                settings.repack, host_of)
-                elif op == "MUL_MAT_ID" and len(shape) == 3 and len(routed.get((op, wtype, shape), ())) == 1:
-                    # experts [k, m, n_expert]; each of n tokens routed to n_used of them, spread so that
-                    # min(n_expert, n * n_used) distinct experts are active (every expert's weights are
-                    # read once a batch is large enough, as with real routing)
-                    (n_used,) = routed[(op, wtype, shape)]
-                    active = [min(shape[2], n * n_used) for n in cols]
-                    res = _core.profile_mul_mat_id(d.name, wtype, shape[0], shape[1], shape[2], n_used, cols, active,
-                                                   threads, warmup, repeats, settings.repack, host_of)
-                    extra = [{"n_expert_used": n_used, "n_active": a} for a in active]
-                    # and with every token on the same n_used experts: a real routing's time lies
-                    # between (`op_time_us`'s active), the weights read growing with the experts used
-                    few = [n for n, a in zip(cols, active, strict=True) if a > n_used]
-                    if few:
-                        res_few = _core.profile_mul_mat_id(d.name, wtype, shape[0], shape[1], shape[2], n_used, few,
-                                                           [n_used] * len(few), threads, warmup, repeats,
-                                                           settings.repack, host_of)
-                        for x, n in zip(extra, cols, strict=True):
-                            if n in few:
-                                x["few_median_us"] = statistics.median(res_few[few.index(n)].samples_us)
-                else:
-                    raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
-                                       f"{sorted(routed.get((op, wtype, shape), ()))})")
+                res, extra = _time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
+                                      settings.repack, host_of)
+                if d.is_host:
+                    _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
+                                  lambda lay, op=op, wtype=wtype, shape=shape, cols=cols, n_used=n_used, threads=threads:
+                                  _time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
+                                           lay))
             except RuntimeError as e:
                 raise ProfileError(str(e)) from None
             for n, r, x in zip(cols, res, extra, strict=True):
                 ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
                                                                     "buffer_type": r.buffer_type, **x}
-            if d.is_host and op == "MUL_MAT":
-                _time_layouts(layouts, wtype, shape, cols, res, threads, warmup, repeats)
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "

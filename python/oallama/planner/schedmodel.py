@@ -224,9 +224,9 @@ class PassModel:
                 self.t_acc[op.index] = (profile.compute_us(acc, op, active=act) * scale[acc] if acc
                                         else self.t_host[op.index])
                 self.default_layout[op.index] = profile.default_layout(op)
-                if op.op == "MUL_MAT" and profile.has_layouts(op):
+                if profile.has_layouts(op):  # a weight matmul, or a mixture of experts' at its routing
                     # the calibration's host scale was fitted on the default layout: applied to both
-                    self.t_layout[op.index] = {lay: profile.compute_us(HOST, op, lay) * scale[HOST]
+                    self.t_layout[op.index] = {lay: profile.compute_us(HOST, op, lay, active=act) * scale[HOST]
                                                for lay in HOST_LAYOUTS}
             if cal is not None:
                 self._other_ops(cal)
