@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from contextlib import closing
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,49 @@ def test_split_cost_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_se
     assert pm.cost(p).compute_us == c.compute_us and pm.cost(p).copy_us == c.copy_us  # only the splits
     assert split_cost(pm, {**sc, "wall_us": c.total_us}) is None
     assert split_cost(pm, None) is None
+
+
+def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny: Path,
+                                                        rpc_server: rpc.RpcServer) -> None:
+    # the runtime loads a placement that uses no rpc-server without it (no syncs with its
+    # dispatcher): the calibration times host passes both ways, and the pass model takes the
+    # difference off exactly the placements that run nothing on the accelerator
+    acc = rpc_server.device_name
+    a, b = calibrated.calibration.detached[acc]
+    assert a >= 0 and b >= 0
+    ctx = build_context(tiny, acc, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated, threads=1,
+                        progress=False)
+    host = {w: HOST for w in ctx.weight_bytes}
+    one = {**host, "output.weight": acc}
+    with closing(Llama(str(tiny), placement=host, n_ctx=64, verbose=False)) as llm:
+        assert llm._rpc_endpoints == []
+    with closing(Llama(str(tiny), placement=one, n_ctx=64, verbose=False)) as llm:
+        assert llm._rpc_endpoints == [rpc_server.endpoint]
+    for n, pm in ctx.passes.items():
+        assert pm.detached_us == pytest.approx(min(a + b * n, pm.overhead_us)), n
+        assert pm.cost(Placement()).overhead_us == pytest.approx(pm.overhead_us - pm.detached_us), n
+        assert pm.cost(Placement(frozenset({"output.weight"}))).overhead_us == pm.overhead_us, n
+    doc = json.loads(json.dumps(calibrated.calibration.to_json()))
+    assert Calibration.from_json(doc).detached == calibrated.calibration.detached
+    assert calibrated.calibration.renamed({acc: "RPC0"}).detached_us("RPC0", 1) == pytest.approx(a + b)
+
+
+def test_sampling_is_timed_with_the_generation_loops_sampler(tiny: Path) -> None:
+    # generate() keeps one sampler chain; a standalone sample() builds one per call: the
+    # calibration times the former and leaves the Llama's own sampler as it was
+    from oallama.planner.outside import sample_us
+
+    with closing(Llama(str(tiny), n_ctx=64, verbose=False)) as llm:
+        llm.eval(prompt_tokens(llm, 8))
+        calls: list[object] = []
+        real = llm._init_sampler
+
+        def init(**kw: object) -> object:
+            calls.append(kw)
+            return real(**kw)
+
+        llm._init_sampler = init  # type: ignore[method-assign]
+        assert sample_us(llm, 3) > 0
+        assert calls == [{"temp": 0.0}]  # one chain for all the timed samples
+        assert llm._sampler is None
+        assert len(list(islice(llm.generate(prompt_tokens(llm, 8), temp=0.0, reset=True), 2))) == 2  # still usable

@@ -54,14 +54,17 @@ from typing import Any
 
 from .. import _core
 from ..errors import OallamaError, ProfileError
+from . import outside
 from .graph import node_layer
 from .routing import Routing
 from .routing import measure as measure_routing
 
-VERSION = 10  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
-# 10: a mixture of experts' routing recorded)
+VERSION = 11  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+# 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
+# an rpc-server attached)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
+SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
 
 
@@ -144,9 +147,17 @@ class Calibration:
     # accelerator -> a decode pass with the weights scattered over host and accelerator (`_measure_scatter`)
     scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
     routing: Routing | None = None  # a mixture of experts' routing in a real pass (routing.py)
+    # accelerator -> (a, b): us = a + b * n_tokens a pass that runs nothing on it saves when the runtime
+    # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
+    detached: dict[str, list[float]] = field(default_factory=dict)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         return self.pass_a_us + self.pass_b_us * n_tokens
+
+    def detached_us(self, acc: str | None, n_tokens: int) -> float:
+        """What a pass running nothing on `acc` saves when the runtime loads without it (us)."""
+        a, b = self.detached.get(acc or "", (0.0, 0.0))
+        return a + b * n_tokens
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "routing": self.routing.to_json() if self.routing is not None else None}
@@ -159,13 +170,15 @@ class Calibration:
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
-                           Routing.from_json(doc["routing"]) if doc.get("routing") else None)
+                           Routing.from_json(doc["routing"]) if doc.get("routing") else None,
+                           {d: list(v) for d, v in (doc.get("detached") or {}).items()})
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
                            self.elapsed_s, self.points, self.splits,
                            {ren.get(k, k): v for k, v in self.stream.items()},
-                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing)
+                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
+                           {ren.get(k, k): v for k, v in self.detached.items()})
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -241,12 +254,27 @@ class _Load:
             stops = _split_stops(runs[0].nodes)
             # split mode: the same run as without a timer but for the stops; the eval's time
             # outside the graph, paired within each run (so a noisy machine mostly cancels)
-            split = [_timed_eval(llm, timer, prefix, batch, stops) for _ in range(self.reps)]
+            split = [_timed_eval(llm, timer, prefix, batch, stops) for _ in range(self._split_reps(runs))]
         self.node_runs[(n, n_past)] = runs
         self._splits(n, n_past, runs, split, stops)
         self.outside[(n, n_past)] = statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
         self.walls[(n, n_past)] = statistics.median(r.wall_us for r in split)  # stops at split ends only
 
+
+    def _split_reps(self, runs: list[_Run]) -> int:
+        """Split-mode repeats: they fix the totals (anchors, outside), so short passes get more of
+        them, up to SPLIT_SECONDS of runs (a slow run: +70% once in 3 decode passes of a small MoE)."""
+        est_s = statistics.median(r.wall_us for r in runs) / 1e6  # node mode: no shorter than split mode
+        return max(self.reps, min(4 * self.reps, int(SPLIT_SECONDS / max(est_s, 1e-6))))
+
+    def outside_of(self, n: int, n_past: int) -> float:
+        """Only the eval's time outside its graph (us; split mode, as `measure` takes it)."""
+        llm, toks = self.llm, self.tokens
+        prefix, batch = toks[:n_past], toks[n_past:n_past + n]
+        with _core.NodeTimer(llm.native_context) as timer:
+            stops = _split_stops(_timed_eval(llm, timer, prefix, batch, []).nodes)  # also the warm-up
+            split = [_timed_eval(llm, timer, prefix, batch, stops) for _ in range(self.reps)]
+        return statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
 
     def _splits(self, n: int, n_past: int, runs: list[_Run], split: list[_Run], stops: list[int]) -> None:
         """Per split: its time alone (split mode) and its nodes' node-mode times, split into
@@ -284,18 +312,6 @@ def _node_points(load: _Load) -> list[dict[str, Any]]:
     return out
 
 
-def _overheads(llm: Any, load: _Load, reps: int) -> list[tuple[int, float]]:
-    """(n_tokens, us outside the graph) per pass of the generation loop: the eval's own (paired,
-    split mode) plus sampling the token from its logits (the loop's per-token work)."""
-    samples = []
-    for _ in range(reps + 2):
-        t0 = time.perf_counter()
-        llm.sample(temp=0.0)  # after the last timed eval: its logits are there
-        samples.append((time.perf_counter() - t0) * 1e6)
-    sample_us = statistics.median(samples[1:])
-    return [(n, us + sample_us) for (n, _), us in load.outside.items()]
-
-
 def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
               n_ctx: int = 512, op_offload: bool = True, mmap: bool = True, reps: int = 3, max_fill_s: float = 10.0,
               progress: bool = True) -> Calibration:
@@ -319,6 +335,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     points: list[dict[str, Any]] = []
     splits: list[dict[str, Any]] = []
     overheads: list[tuple[int, float]] = []
+    host_outside: dict[tuple[int, int], float] = {}
     for i, (what, kw) in enumerate(loads):
         if progress:
             print(f"\rcalibrate: real graph, {what} load ({i + 1}/{len(loads)})".ljust(100), end="",
@@ -341,7 +358,8 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
             points += [{**p, "load": what} for p in _node_points(load)]
             splits += [{**s, "load": what} for s in load.splits]
             if what == "host":  # with an accelerator, reading its results back is the model's copies
-                overheads += _overheads(llm, load, reps)
+                host_outside = outside.overheads(llm, load.outside, reps)
+                overheads += [(n, us) for (n, _), us in host_outside.items()]
         finally:
             llm.close()
     stream: dict[str, dict[str, Any]] = {}
@@ -365,7 +383,15 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     n_expert = int(info.hparam("expert_count", 0) or 0)
     routing = (measure_routing(path, n_expert, n_tokens=min(n_ctx, ROUTING_TOKENS), threads=threads, mmap=mmap,
                                progress=progress) if n_expert > 0 else None)
+    detached: dict[str, list[float]] = {}
+    if accs and accs[0].kind == "rpc":  # the runtime loads a placement that uses no rpc-server without it
+        if progress:
+            print("\rcalibrate: host load without the accelerator".ljust(100), end="", file=sys.stderr, flush=True)
+        detached[accs[0].name] = list(outside.detached_us(
+            path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
+            n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps))
     cal = fit(points, overheads, profile, splits, routing)
+    cal.detached = detached
     cal.stream = stream
     cal.scatter = scatter
     cal.elapsed_s = time.perf_counter() - t_start
@@ -553,7 +579,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
                                n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
-    a, b = _line(overheads)
+    a, b = outside.line(overheads)
     return Calibration(devs, a, b, points=list(points), splits=list(splits), routing=routing)
 
 
@@ -584,11 +610,3 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         by_n[int(k[1])][1] += v * r
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
     return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
-
-
-def _line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """us = a + b * n over (n, us), a, b >= 0 (a single size: all of it is per pass)."""
-    if not pts:
-        return 0.0, 0.0
-    f = OpFit.fit([(float(n), max(us, 0.0)) for n, us in pts])
-    return f.a_us, f.b_us

@@ -34,7 +34,9 @@ and then costs the assignment (microseconds):
   splits   each change of device along the graph order starts a split: the device's issue cost
            (a graph handed over; profiled), plus what a split costs beyond it in a real pass (a
            CPU<->accelerator synchronisation at the change; calibrated, `set_split_cost`);
-  outside  the pass's time outside its graph (calibrated: a + b * n_tokens).
+  outside  the pass's time outside its graph (calibrated: a + b * n_tokens), less what an attached
+           accelerator's synchronisations cost when the pass runs nothing on it and the runtime
+           loads without it (an rpc-server no weight uses; `outside.detached_us`).
 
 tests/test_plan.py checks the assignment against the real scheduler on random placements.
 """
@@ -210,6 +212,7 @@ class PassModel:
         self.t_layout: dict[int, dict[str, float]] = {}
         self.default_layout: dict[int, str] = {}
         self.overhead_us = 0.0  # the pass's time outside its graph
+        self.detached_us = 0.0  # of it: what an attached accelerator adds when the pass runs nothing on it
         if profile is not None:
             from .graph import target_ops
 
@@ -254,6 +257,7 @@ class PassModel:
             self.t_host[i] = host.node_time_us(n.op, w, self.n_tokens)
             self.t_acc[i] = acc.node_time_us(n.op, w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
+        self.detached_us = min(cal.detached_us(self.acc, self.n_tokens), self.overhead_us)
 
     # --- structure ----------------------------------------------------------------------------
 
@@ -392,8 +396,10 @@ class PassModel:
                 launch += self.launch[int(dev[i])]
                 last = dev[i]
         copy_bytes = sum(b for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
+        # nothing on the accelerator: a runtime that loads without it (an unused rpc-server) saves its syncs
+        overhead = self.overhead_us - (self.detached_us if not any(dev.values()) else 0.0)
         return PassCost(compute, copy_us, launch, splits, len(copies), copy_bytes + sum(streamed.values()), dev, other,
-                        self.overhead_us, on_acc, stream_us, sum(streamed.values()), len(streamed))
+                        overhead, on_acc, stream_us, sum(streamed.values()), len(streamed))
 
     def set_split_cost(self, us: float) -> None:
         """Charge every split `us` beyond its device's issue cost (see `planner.context.split_cost`)."""
