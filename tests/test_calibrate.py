@@ -20,7 +20,7 @@ from oallama.errors import ClosedError
 from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, fit, node_overhead_us, work
 from oallama.planner.context import split_cost, stream_link
 from oallama.planner.graph import Graph
-from oallama.planner.plan import Workload, build_context
+from oallama.planner.plan import Workload, build_context, make_plan
 from oallama.planner.profile import Link, Profile, device_identity, profile_model
 from oallama.planner.schedmodel import HOST, Placement
 from oallama.runtime import devices, rpc
@@ -278,8 +278,8 @@ def test_split_cost_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_se
     assert split_cost(pm, None) is None
 
 
-def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny: Path,
-                                                        rpc_server: rpc.RpcServer) -> None:
+def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer,
+                                                        tmp_path: Path) -> None:
     # the runtime loads a placement that uses no rpc-server without it (no syncs with its
     # dispatcher): the calibration times host passes both ways, and the pass model takes the
     # difference off exactly the placements that run nothing on the accelerator
@@ -288,12 +288,12 @@ def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny
     assert a >= 0 and b >= 0
     ctx = build_context(tiny, acc, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated, threads=1,
                         progress=False)
-    host = {w: HOST for w in ctx.weight_bytes}
-    one = {**host, "output.weight": acc}
-    with closing(Llama(str(tiny), placement=host, n_ctx=64, verbose=False)) as llm:
-        assert llm._rpc_endpoints == []
-    with closing(Llama(str(tiny), placement=one, n_ctx=64, verbose=False)) as llm:
-        assert llm._rpc_endpoints == [rpc_server.endpoint]
+    # a plan that puts nothing on the rpc-server loads without it; one that does, with it
+    none, some = make_plan(ctx, "layers", 1), make_plan(ctx, "layers", "75%")
+    assert not none.placement.on_acc and some.placement.on_acc
+    for plan, want in ((none, []), (some, [rpc_server.endpoint])):
+        with closing(Llama(str(tiny), placement=str(plan.save(tmp_path / "plan.json")), verbose=False)) as llm:
+            assert llm._rpc_endpoints == want, plan.strategy
     for n, pm in ctx.passes.items():
         assert pm.detached_us == pytest.approx(min(a + b * n, pm.overhead_us)), n
         assert pm.cost(Placement()).overhead_us == pytest.approx(pm.overhead_us - pm.detached_us), n

@@ -123,8 +123,9 @@ def favourable(prof: Profile, acc: str, speedup: float = 20.0) -> Profile:
         ops = {op: OpFit(f.a_us / speedup, f.b_us / speedup, f.n) for op, f in host.ops.items()}
         cal.devices[acc] = DeviceCalibration(host.node_overhead_us / speedup, ops, host.matmul_scale)
         # the real rpc-server's scattered pass would price this imagined device's splits at the
-        # real one's speed: it has none
+        # real one's speed, and its dispatcher's syncs (what a plan that leaves it unattached saves): it has none
         cal.scatter = {}
+        cal.detached = {}
     return p
 
 
