@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -24,6 +25,7 @@ from oallama.planner.plan import (
     build_context,
     make_plan,
     parse_budget,
+    place_layers,
 )
 from oallama.planner.profile import Link, Profile
 from oallama.planner.schedmodel import HOST, NEVER, Placement
@@ -410,3 +412,13 @@ def test_bad_plan_arguments(kwargs: dict, error: str, tiny_f16: Path, rpc_server
     kwargs = {k: (rpc_server.device_name if v == "__acc__" else v) for k, v in kwargs.items()}
     with pytest.raises((PlanError, BudgetError), match=error):
         Llama(str(tiny_f16), profile=fast_ctx.profile, workload=WORKLOAD, n_ubatch=64, verbose=False, **kwargs)
+
+
+def test_layers_leave_what_the_loader_keeps_on_the_host(measured_ctx) -> None:
+    # a weight -ngl assigns to the device but the device cannot run (context.loader_kept, checked
+    # against a real load on Vulkan in test_vulkan.py) stays on the host in llama.cpp's placement
+    every = place_layers(measured_ctx, measured_ctx.n_layer + 1)
+    assert "output.weight" in every.on_acc
+    ctx = dataclasses.replace(measured_ctx, kept_on_host=frozenset({"output.weight"}))
+    assert place_layers(ctx, ctx.n_layer + 1).on_acc == every.on_acc - {"output.weight"}
+    assert place_layers(ctx, 1).on_acc == {"output_norm.weight"}  # the output layer, less its matrix

@@ -12,6 +12,7 @@ reads it once per process: scripts/test.sh runs this file in its own pytest proc
 from __future__ import annotations
 
 import random
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,18 @@ def test_calibration_times_the_real_graph_on_vulkan(vk: str, tiny_f16: Path, vk_
     assert all(sched[(r.name, r.op)] == r.device for r in nodes if (r.name, r.op) in sched)
     cal = vk_ctx.profile.calibration
     assert cal is not None and vk in cal.devices and cal.devices[vk].n_matmuls > 0
+
+
+def test_a_weight_the_loader_keeps_off_the_device_is_planned_on_the_host(vk: str, synth_model) -> None:
+    # lavapipe cannot run the 151936-row output matmul at the size llama.cpp's loader tests a weight
+    # with, so -ngl <all> leaves output.weight on the host; the planner's model of -ngl must too
+    # (it once costed that matmul on the device: a decode pass predicted 18x too slow)
+    from oallama.planner.context import loader_kept
+
+    path = synth_model("qwen3moe-small", "q4_k_m", n_layer=1)
+    with GraphSession(path, devices=[vk], n_gpu_layers=2, n_ctx=256, n_ubatch=32) as s:
+        kept = loader_kept(s, vk, 1)
+    assert kept == {"output.weight"}
+    with closing(Llama(str(path), devices=[vk], n_gpu_layers=2, n_ctx=256, verbose=False)) as llm:
+        got = llm.tensor_devices()
+    assert got["output.weight"] == HOST and got["blk.0.ffn_up_exps.weight"] == vk

@@ -21,6 +21,7 @@ from ..errors import BudgetError, PlanError
 from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
+from ..runtime.place import layer_weights
 from .graph import Graph, GraphSession, target_ops
 from .profile import DEFAULT_TOKENS, Link, Profile, profile_model
 from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
@@ -131,6 +132,9 @@ class PlanContext:
     stream: Link | None = None
     # each split's cost beyond the profiled hand-over when the calibration measured it (`split_cost`)
     split_us: float | None = None
+    # weights llama.cpp's n_gpu_layers rule assigns to the accelerator but its loader keeps on the host,
+    # the device refusing the weight's op (lavapipe: a 151936-row output matrix): `place_layers` skips them
+    kept_on_host: frozenset[str] = frozenset()
 
     def predict(self, p: Placement) -> dict[str, Any]:
         costs = {n: pm.cost(p) for n, pm in self.passes.items()}
@@ -184,11 +188,14 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     kv_len = workload.pass_kv()
     base: dict[tuple[int, int], Graph] = {}  # (n_tokens, n_kv) -> graph, all weights on the host
     offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
+    kept: set[str] = set()  # weights every layer offloaded would put on the accelerator, which its loader keeps
     for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx}):
         want = [n for n in sizes if kv_len[n] == n_kv or (n == 1 and n_kv == workload.n_ctx)]
         for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)) if acc_name else ((0, base),):
             with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv, "n_ubatch": max(want)}) as s:
                 out.update({(n, n_kv): s.graph(n) for n in want})
+                if n_gpu_layers:
+                    kept |= loader_kept(s, acc_name, n_layer)
     g_mem = base[(1, workload.n_ctx)]
     graphs = {n: base[(n, kv_len[n])] for n in sizes}
     full = {n: offl[(n, kv_len[n])] for n in sizes} if acc_name else {n: None for n in sizes}
@@ -200,6 +207,8 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     _check_profile(profile, acc_name, graphs)
     passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
               for n in sizes}
+    for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)
+        pm.acc_ok.update({w: False for w in kept if w in pm.acc_ok})
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
                 "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
     cal = profile.calibration if acc_name else None
@@ -224,7 +233,15 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     # rope_factors_long at a context below its original length) still goes where its layer goes
     wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
     return PlanContext(model, acc_name, workload, profile, passes, wbytes, kv_bytes_per_layer(g_mem),
-                       n_layer, settings, stream, split_us)
+                       n_layer, settings, stream, split_us, frozenset(kept))
+
+
+def loader_kept(session: GraphSession, acc: str, n_layer: int) -> set[str]:
+    """Weights llama.cpp's n_gpu_layers rule assigns to `acc` that its loader, asked for every layer
+    (`session` loaded with n_gpu_layers = n_layer + 1), kept on the host: the device does not support
+    the weight's op at the size the loader tests it with (lavapipe: a 151936-row output matrix)."""
+    rule = set(layer_weights({t.name: t.nbytes for t in session.model.tensors}, n_layer + 1, n_layer))
+    return {t.name for t in session.model_tensors() if t.device != acc and t.name in rule}
 
 
 def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | None:

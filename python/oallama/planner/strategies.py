@@ -81,7 +81,8 @@ class Strategy(Protocol):
 
 def place_layers(ctx: PlanContext, n_gpu_layers: int) -> Placement:
     """What llama.cpp's n_gpu_layers puts on the accelerator (default op offload)."""
-    on = frozenset(w for w in layer_weights(ctx.weight_bytes, n_gpu_layers, ctx.n_layer) if w in ctx.weight_bytes)
+    on = frozenset(w for w in layer_weights(ctx.weight_bytes, n_gpu_layers, ctx.n_layer)
+                   if w in ctx.weight_bytes and w not in ctx.kept_on_host)
     return Placement(on, min(max(n_gpu_layers - 1, 0), ctx.n_layer))
 
 
@@ -342,7 +343,8 @@ def place_n_cpu_moe(ctx: PlanContext, n_cpu_moe: int) -> Placement:
     """`-ngl <all> --n-cpu-moe N`: every layer on the accelerator but the first N layers' experts."""
     host = {w for w, layer in expert_layers(ctx.weight_bytes).items() if layer < n_cpu_moe}
     on = layer_weights(ctx.weight_bytes, ctx.n_layer + 1, ctx.n_layer)
-    return Placement(frozenset(w for w in on if w in ctx.weight_bytes and w not in host), ctx.n_layer)
+    return Placement(frozenset(w for w in on if w in ctx.weight_bytes and w not in host and w not in ctx.kept_on_host),
+                     ctx.n_layer)
 
 
 class NCpuMoe:
