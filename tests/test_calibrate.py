@@ -322,3 +322,24 @@ def test_sampling_is_timed_with_the_generation_loops_sampler(tiny: Path) -> None
         assert calls == [{"temp": 0.0}]  # one chain for all the timed samples
         assert llm._sampler is None
         assert len(list(islice(llm.generate(prompt_tokens(llm, 8), temp=0.0, reset=True), 2))) == 2  # still usable
+
+
+def test_short_calibrations_keep_the_round_the_machine_ran_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a round inside a window where the whole machine runs slower would scale every term by it:
+    # rounds repeat while they are short, and the one with the fastest host passes is kept
+    from oallama.planner import calibrate as cal_mod
+
+    host_split_us = iter([5000.0, 3000.0, 4000.0, 1000.0])
+    calls: list[int] = []
+
+    def once(*args: object, **kw: object) -> Calibration:
+        calls.append(1)
+        split = {"load": "host", "device": HOST, "split_us": next(host_split_us)}
+        acc = {"load": "accelerator", "device": "RPC", "split_us": 1.0}  # not the host's: not compared
+        return Calibration({}, 0.0, 0.0, splits=[split, acc])
+
+    monkeypatch.setattr(cal_mod, "_calibrate_once", once)
+    kept = cal_mod.calibrate("m.gguf", [HOST], None, threads=1, progress=False)
+    assert len(calls) == 3 and cal_mod.host_us(kept) == 3000.0
+    kept = cal_mod.calibrate("m.gguf", [HOST], None, threads=1, progress=False, rounds_s=0.0)
+    assert len(calls) == 4 and cal_mod.host_us(kept) == 1000.0  # a long round is not repeated

@@ -246,7 +246,7 @@ def loader_kept(session: GraphSession, acc: str, n_layer: int) -> set[str]:
 
 def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | None:
     """What a split costs beyond the profiled hand-over, from the calibration's scattered decode
-    pass (`calibrate._measure_scatter`: weights alternating between the devices, a change of
+    pass (`realpass.measure_scatter`: weights alternating between the devices, a change of
     device at almost every weight): its measured wall time less the model's cost of that
     placement, over the model's splits. None without a measurement, or when the model already
     accounts for the pass (within 5%: nothing to attribute)."""
@@ -263,7 +263,7 @@ def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | Non
 
 def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | None:
     """The link streamed host weights take, from the calibration's streamed decode pass
-    (`calibrate._measure_stream`) in the model's own terms: its measured wall time less all the
+    (`realpass.measure_stream`) in the model's own terms: its measured wall time less all the
     model costs for that pass but the streamed weights' copies is what those copies took. Of the
     link's two terms, the larger in that pass takes it all (large weights: the bandwidth, e.g. an
     H100's weights leaving pinned-or-not host memory; many small ones: the per-copy latency, e.g.

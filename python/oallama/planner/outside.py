@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import OallamaError, ProfileError
 
-__all__ = ["detached_us", "line", "overheads", "sample_us"]
+__all__ = ["detached_us", "overheads", "sample_us"]
 
 
 def sample_us(llm: Any, reps: int) -> float:
@@ -51,20 +51,10 @@ def overheads(llm: Any, outside: Mapping[tuple[int, int], float], reps: int) -> 
     return {k: us + s for k, us in outside.items()}
 
 
-def line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """us = a + b * n through (n, us) points, a, b >= 0 (a single size: all of it per pass)."""
-    from .calibrate import OpFit
-
-    if not pts:
-        return 0.0, 0.0
-    f = OpFit.fit([(float(n), max(us, 0.0)) for n, us in pts])
-    return f.a_us, f.b_us
-
-
 def detached_us(path: str | Path, attached: Mapping[tuple[int, int], float],
                 measure: Callable[[Any, tuple[int, int]], float], *, n_ctx: int, n_prefill: int, threads: int,
-                mmap: bool, reps: int) -> tuple[float, float]:
-    """(a, b): us = a + b * n_tokens that a pass running nothing on the accelerator saves when the
+                mmap: bool, reps: int) -> list[tuple[int, float]]:
+    """(n_tokens, us) per pass size: what a pass running nothing on the accelerator saves when the
     accelerator is not attached, from the same host-only passes timed in a load without it.
     attached: `overheads` of the host load with it attached; measure(llm, (n_tokens, n_past)):
     such a pass's split-mode time outside its graph in another context (calibrate._Load)."""
@@ -83,4 +73,4 @@ def detached_us(path: str | Path, attached: Mapping[tuple[int, int], float],
     by_n: dict[int, list[float]] = {}
     for (n, n_past), us in attached.items():
         by_n.setdefault(n, []).append(us - alone[(n, n_past)])
-    return line([(n, statistics.median(v)) for n, v in sorted(by_n.items())])
+    return [(n, statistics.median(v)) for n, v in sorted(by_n.items())]

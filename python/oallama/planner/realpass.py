@@ -1,0 +1,166 @@
+"""A model's real passes through llama.cpp, timed: the building blocks of calibration's loads
+(calibrate.py) and its two whole-pass measurements, weights streamed and weights scattered.
+
+  timed_eval      one eval as the generation loop runs it, with the scheduler's eval callback
+                  (`_core.NodeTimer`) node by node or at chosen stops;
+  decode_walls    consecutive 1-token passes after a prompt, their wall times;
+  measure_stream  every host weight's op streamed to the accelerator in a decode pass;
+  measure_scatter weight matmuls alternating between host and accelerator in a decode pass.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _core
+from ..errors import OallamaError, ProfileError
+
+VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
+MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
+
+
+@dataclass
+class Run:
+    wall_us: float  # the eval call, until the device finished (llama_synchronize)
+    nodes: list[_core.NodeTime]
+
+
+def sync(llm: Any) -> None:
+    """Wait for the context's queued work: llama.cpp's decode returns once the graph is handed
+    over (an rpc-server may still be computing); sampling would wait here."""
+    import llama_cpp
+
+    llama_cpp.llama_synchronize(llm._ctx.ctx)
+
+
+def timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int],
+               stops: list[int]) -> Run:
+    """One eval of `toks` after `prefix`, as the generation loop runs it: a prompt's pass
+    follows a pass of another size (its graph is built anew), a decode pass follows one of its
+    own size (llama.cpp reuses that graph)."""
+    if timer is not None:
+        timer.reset([])
+    n_past = len(prefix)
+    if llm.n_tokens >= n_past and list(llm.input_ids[:n_past]) == list(prefix):
+        llm.n_tokens = n_past  # the prefix's KV cells are still there: evaluate on from them
+    else:
+        llm.reset()
+        llm.eval(prefix)
+    llm.eval(toks[:1])  # a 1-token pass: the graph the timed one follows
+    llm.n_tokens -= 1  # ... and forgotten (the next eval drops its KV cells)
+    sync(llm)
+    if timer is not None:
+        timer.reset(stops)
+    t0 = time.perf_counter()
+    llm.eval(toks)
+    sync(llm)
+    wall = (time.perf_counter() - t0) * 1e6
+    return Run(wall, timer.times() if timer is not None else [])
+
+
+def weight_nbytes(node: _core.NodeTime) -> int:
+    """Bytes of a weight matmul's weight (its first source), from its ggml type and shape."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[node.weight_type.upper()]]
+    except KeyError:
+        return 0
+    return math.prod(node.src_ne[0]) // block * size
+
+
+def decode_walls(llm: Any, tokens: list[int], n_prefill: int, reps: int) -> list[float]:
+    """Consecutive 1-token decode passes after an n_prefill-token prompt, as a generation runs
+    them: each one's wall time until the device finished (us). The first one (it rebuilds the
+    graph after the prompt's) is not kept; callers take the mean, as a TPOT averages its passes
+    (on a busy machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass)."""
+    llm.reset()
+    llm.eval(tokens[:n_prefill])
+    walls = []
+    for k in range(2 * max(reps, 2) + 1):
+        t0 = time.perf_counter()
+        llm.eval(tokens[n_prefill + k:n_prefill + k + 1])
+        sync(llm)
+        walls.append((time.perf_counter() - t0) * 1e6)
+    return walls[1:]
+
+
+def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, threads: int, mmap: bool,
+                    reps: int) -> dict[str, Any] | None:
+    """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
+    one's op streamed to `acc` at any batch (patch 0001), as a FlexGen-like plan runs: their mean
+    wall time and the weights each streamed. None when no weight could stream (all repacked)."""
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+
+    try:
+        llm = Llama(str(path), devices=[acc], n_ctx=n_ctx, n_batch=n_prefill, n_ubatch=n_prefill, n_threads=threads,
+                    n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
+                    op_offload=True)
+    except (OallamaError, ValueError, RuntimeError) as e:
+        raise ProfileError(f"calibration: could not load {path} (streamed load): {e}") from None
+    try:
+        tokens = prompt_tokens(llm, n_ctx)
+        prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
+        with _core.NodeTimer(llm.native_context) as timer:
+            # the weight matmuls, seen before streaming (a streamed op reads the weight's copy,
+            # which is no model weight), then the same graph streamed (also the warm-up)
+            base = {r.index: r for r in timed_eval(llm, timer, prefix, batch, []).nodes
+                    if r.weight_type and r.op in MATMUL_OPS}
+            _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements() if t.is_host})
+            nodes = timed_eval(llm, timer, prefix, batch, []).nodes
+        streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]
+        if not streamed:
+            return None
+        walls = decode_walls(llm, tokens, n_prefill, reps)
+    finally:
+        llm.close()
+    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
+            "n_weights": len(streamed), "weight_bytes": sum(weight_nbytes(r) for r in streamed)}
+
+
+def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int, n_ctx: int, n_prefill: int,
+                     threads: int, mmap: bool, reps: int) -> dict[str, Any] | None:
+    """Decode passes (1 token after n_prefill) with the offloaded layers' weight matmuls
+    alternating between the host and `acc` (file order; op offload off, so a host weight's op
+    stays on the host): their mean wall time, and the placement as llama.cpp made it (which
+    weights landed on `acc`, the KV layers) for the model to cost. None when nothing scatters."""
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+    from .graph import layer_of
+
+    n_layer = int(info.hparam("block_count", 0))
+    first = n_layer - max(n_gpu_layers - 1, 0)  # llama.cpp offloads the last n_gpu_layers - 1 layers
+    layer = {t.name: layer_of(t.name) for t in info.tensors}
+    mats = [t.name for t in info.tensors if len([d for d in t.shape if d > 1]) >= 2
+            and layer[t.name] is not None and layer[t.name] >= first]
+    placement = {w: (acc if k % 2 == 0 else "CPU") for k, w in enumerate(mats)}
+    if len(mats) < 4:
+        return None
+    try:
+        llm = Llama(str(path), devices=[acc], placement=placement, n_ctx=n_ctx, n_batch=n_prefill,
+                    n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap, flash_attn=False,
+                    verbose=False, n_gpu_layers=n_gpu_layers, op_offload=False)
+    except (OallamaError, ValueError, RuntimeError) as e:
+        raise ProfileError(f"calibration: could not load {path} (scattered load): {e}") from None
+    try:
+        on_acc = sorted(t.name for t in llm.tensor_placements() if t.device == acc)
+        walls = decode_walls(llm, prompt_tokens(llm, n_ctx), n_prefill, reps)
+    finally:
+        llm.close()
+    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
+            "on_acc": on_acc, "kv_layers": min(max(n_gpu_layers - 1, 0), n_layer)}
+
+
+def layers_that_fit(info: Any, acc: Any, n_layer: int) -> int:
+    """n_gpu_layers for the accelerator load: all of them, or as many as half its free memory holds."""
+    free = int(getattr(acc, "memory_free", 0) or 0)
+    if free <= 0:
+        return n_layer + 1
+    per_layer = max(info.weight_bytes // max(n_layer + 1, 1), 1)
+    return max(1, min(n_layer + 1, int(free * 0.5 // per_layer)))
