@@ -269,11 +269,14 @@ def test_split_cost_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_se
     p = Placement(frozenset(sc["on_acc"]) & pm.weights, sc["kv_layers"])
     pm.set_split_cost(0.0)
     c = pm.cost(p)
-    extra = split_cost(pm, {**sc, "wall_us": c.total_us + 50.0 * c.n_splits})
+    changes = c.n_splits - 1  # the first split follows no change of device
+    extra = split_cost(pm, {**sc, "wall_us": c.total_us + 50.0 * changes})
     assert extra == pytest.approx(50.0)
     pm.set_split_cost(extra)
-    assert pm.cost(p).total_us == pytest.approx(c.total_us + 50.0 * c.n_splits)
+    assert pm.cost(p).total_us == pytest.approx(c.total_us + 50.0 * changes)
     assert pm.cost(p).compute_us == c.compute_us and pm.cost(p).copy_us == c.copy_us  # only the splits
+    host = pm.cost(Placement())  # one split, no change of device: nothing more
+    assert host.n_splits == 1 and host.launch_us == pytest.approx(pm.issue[0])
     assert split_cost(pm, {**sc, "wall_us": c.total_us}) is None
     assert split_cost(pm, None) is None
 

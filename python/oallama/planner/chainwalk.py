@@ -46,7 +46,7 @@ class Walk:
 
     def __init__(self, passes: Sequence[tuple[PassModel, float]], full: bool, svars: set[tuple[str, int]]) -> None:
         self.full = full
-        self.overhead = sum(pm.overhead_us * w for pm, w in passes)
+        self.overhead = sum(pm.fixed_us * w for pm, w in passes)
         first: dict[tuple, float] = {}  # decision -> earliest relative position it is needed at
         compiled: list[list[_Node]] = []
         needs: list[list[frozenset]] = []

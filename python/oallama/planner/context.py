@@ -248,7 +248,7 @@ def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | Non
     """What a split costs beyond the profiled hand-over, from the calibration's scattered decode
     pass (`realpass.measure_scatter`: weights alternating between the devices, a change of
     device at almost every weight): its measured wall time less the model's cost of that
-    placement, over the model's splits. None without a measurement, or when the model already
+    placement, over its changes of device (splits less the first). None without a measurement, or when the model already
     accounts for the pass (within 5%: nothing to attribute)."""
     if not measured or pm.acc is None:
         return None
@@ -258,7 +258,7 @@ def split_cost(pm: PassModel, measured: Mapping[str, Any] | None) -> float | Non
     left = wall - c.total_us  # us the model does not see
     if c.n_splits < 4 or left <= 0.05 * wall:
         return None
-    return left / c.n_splits
+    return left / (c.n_splits - 1)  # per change of device
 
 
 def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | None:

@@ -338,7 +338,7 @@ def _solve(passes: Sequence[tuple[PassModel, float]], *, weight_bytes: Mapping[s
             return _Lin(float(src[1]))
 
         # compute (weight matmuls and, when calibrated, every other op), and the time outside the graph
-        prog.offset += pm.overhead_us * pass_weight
+        prog.offset += pm.fixed_us * pass_weight
         for i, th in pm.t_host.items():
             prog.add_cost(dev[i].affine(th, pm.t_acc[i] - th), pass_weight)
         # copies: one per (source, direction), sized by the largest read

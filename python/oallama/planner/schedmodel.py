@@ -32,8 +32,9 @@ and then costs the assignment (microseconds):
            recorded routing touches in a pass of this size (`routing.Routing.share`, calibrated),
            uniform routing's `expert_fraction` without a calibration;
   splits   each change of device along the graph order starts a split: the device's issue cost
-           (a graph handed over; profiled), plus what a split costs beyond it in a real pass (a
-           CPU<->accelerator synchronisation at the change; calibrated, `set_split_cost`);
+           (a graph handed over; profiled), plus what a change costs beyond it in a real pass (a
+           CPU<->accelerator synchronisation; calibrated, `set_split_cost`; the first split follows
+           no change);
   outside  the pass's time outside its graph (calibrated: a + b * n_tokens), less what an attached
            accelerator's synchronisations cost when the pass runs nothing on it and the runtime
            loads without it (an rpc-server no weight uses; `outside.detached_us`).
@@ -213,6 +214,7 @@ class PassModel:
         self.default_layout: dict[int, str] = {}
         self.overhead_us = 0.0  # the pass's time outside its graph
         self.detached_us = 0.0  # of it: what an attached accelerator adds when the pass runs nothing on it
+        self.split_us = 0.0  # a change of device's cost beyond the issue (calibrated; `set_split_cost`)
         if profile is not None:
             from .graph import target_ops
 
@@ -389,7 +391,7 @@ class PassModel:
                                   for (src, to_acc), b in sizes.items() if not (to_acc and src[0] == "w"))
         if self.readback is not None and dev[self.readback[0]]:  # the logits come back from the accelerator
             copy_us += self.d2h.time_us(self.readback[1])
-        splits, launch, last = 0, 0.0, None
+        splits, launch, last = 0, -self.split_us, None  # the first split follows no change of device
         for i in self.order:
             if dev[i] != last:
                 splits += 1
@@ -402,8 +404,17 @@ class PassModel:
                         overhead, on_acc, stream_us, sum(streamed.values()), len(streamed))
 
     def set_split_cost(self, us: float) -> None:
-        """Charge every split `us` beyond its device's issue cost (see `planner.context.split_cost`)."""
+        """Charge every change of device `us` beyond the issue cost of the split it starts (see
+        `planner.context.split_cost`): each split pays it in `launch`, the pass's first split (no
+        change before it) pays it back (`fixed_us`: all-host passes once paid one sync they never make)."""
+        self.split_us = us
         self.launch = {d: t + us for d, t in self.issue.items()}
+
+    @property
+    def fixed_us(self) -> float:
+        """The pass's cost that no placement changes: outside the graph, less the first split's
+        change-of-device cost, which every split's launch includes."""
+        return self.overhead_us - self.split_us
 
     def set_stream(self, link: Link) -> None:
         """Cost streamed host weights with `link` (see `planner.context.stream_link`)."""
