@@ -200,11 +200,22 @@ def _plan_devices(req: planfile.LoadRequest) -> list[str] | None:
     2-core VM) even when it runs nothing; local GPUs stay (llama.cpp's default device list)."""
     devices = list(req.devices or [])
     targets = {*(req.assignment or {}).values(), *(d for _, d in req.raw_overrides or ())}
-    on_host = not any(devmod.rpc_endpoint(d) is not None or not devmod.resolve(d).is_host for d in targets)
+    on_host = all(_is_host(d) for d in targets)
     streams = any(b < planfile.NEVER for b in (req.offload_policy or {}).values())
     if on_host and not streams and not req.n_gpu_layers:
         devices = [d for d in devices if devmod.rpc_endpoint(d) is None]
     return devices or None
+
+
+def _is_host(name: str) -> bool:
+    """Whether a device name is host memory, without probing an rpc-server; a name that does not
+    resolve is not (the load reports it, naming the plan)."""
+    if devmod.rpc_endpoint(name) is not None:
+        return False
+    try:
+        return devmod.resolve(name).is_host
+    except OallamaError:
+        return False
 
 
 def _trim(shape: Sequence[int]) -> tuple[int, ...]:
