@@ -41,13 +41,13 @@ import numpy as np
 import oallama  # noqa: F401  (points llama_cpp at oallama's libraries)
 from oallama import cluster as D
 from oallama.cluster import probe
+from oallama.cluster.problem import flops_at
 from oallama.model import synthetic
-from oallama.model.presets import PRESETS
 from oallama.runtime import rpc
 
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ("milp", "memory", "equal")
-MODEL_PRESET = "dist-bench"
+MODEL_PRESET = "mid"
 N_PROMPT, N_GEN, N_CTX = 32, 16, 256
 IDLE_S = 1.0  # pause before each timed request (s): longer than TCP's retransmission timeout
 
@@ -71,12 +71,10 @@ def cache_dir() -> Path:
 
 
 def bench_model() -> Path:
-    """A llama-shaped q8_0 model big enough that compute and transfers both matter here."""
+    """A llama-shaped q8_0 model big enough that compute and transfers both matter here (the "mid"
+    preset: n_embd 1024, 16 blocks of 12.5 MB)."""
     path = cache_dir() / f"{MODEL_PRESET}-q8_0.gguf"
     if not path.exists():
-        PRESETS.setdefault(MODEL_PRESET, replace(PRESETS["tiny"], name=MODEL_PRESET, n_embd=1024, n_layer=16,
-                                                 n_head=8, n_head_kv=4, n_ff=2816,
-                                                 description="llama-shaped, 16 x 12.6 MB blocks (distributed bench)"))
         path.parent.mkdir(parents=True, exist_ok=True)
         synthetic.write_model(path, MODEL_PRESET, "q8_0", progress=False)
     return path
@@ -149,7 +147,7 @@ def _prompt_tokens(n: int) -> list[int]:
 
 
 def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: Path, *, reps: int,
-               scenario: dict[str, Any] | None = None, matmul: int = 4096) -> dict[str, Any]:
+               scenario: dict[str, Any] | None = None, matmul: int = 4096, flops_only: bool = False) -> dict[str, Any]:
     """Probe the devices, plan with each strategy, run each plan and time it."""
     from oallama.runtime.generate import timed_generate
 
@@ -167,13 +165,17 @@ def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: 
     devices_path.write_text(json.dumps(doc, indent=1))
     cluster = D.read_devices(devices_path)
     opts = D.DistOptions(n_prompt=N_PROMPT, n_gen=N_GEN, n_ctx=N_CTX)
-    cost = D.model_cost(model, (1, N_PROMPT), n_ctx=N_CTX)
+    flops_cost = D.model_cost(model, (1, N_PROMPT), n_ctx=N_CTX)
+    # the blocks timed in the real graph on the client (1 thread, as it runs them), unless --flops-only
+    cost = flops_cost if flops_only else D.time_blocks(flops_cost, threads=1, n_prompt=N_PROMPT,
+                                                                             matmul=cluster.matmul)
     tokens = _prompt_tokens(N_PROMPT)
     results = []
     for strategy in STRATEGIES:
         plan = D.plan(cost, cluster, opts) if strategy == "milp" else D.baseline_plan(strategy, cost, cluster, opts)
         plan.write(out / f"plan-{label}-{strategy}.json")
         pred = plan.predicted()
+        pred_flops = D.predict(flops_cost, cluster, plan.assign, opts)
         terms = plan.objective_terms()
         print(f"[{label}] {strategy}: {plan.segments()}", file=sys.stderr, flush=True)
         llm, t_load = _time(lambda p=plan: D.load(p, n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False))
@@ -191,7 +193,9 @@ def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: 
             "scenario": label, "strategy": strategy,
             "segments": [{"device": d, "first": a, "last": b} for d, a, b in plan.segments()],
             "devices_used": len(plan.pipeline_devices()), "fits": plan.fits() is None, "load_s": t_load,
-            "predicted_ttft_s": pred.ttft_s, "predicted_tpot_s": pred.tpot_s,
+            "predicted_ttft_s": pred.ttft_s, "predicted_tpot_s": pred.tpot_s, "predicted_stages": pred.stages,
+            "predicted_flops_only_ttft_s": pred_flops.ttft_s, "predicted_flops_only_tpot_s": pred_flops.tpot_s,
+            "load_avg": os.getloadavg()[0],
             "measured_ttft_s": statistics.median(ttft), "measured_tpot_s": statistics.median(tpot),
             "measured_ttft_samples_s": ttft, "measured_tpot_samples_s": tpot,
             "objective_ms": terms.total, "terms_ms": {"compute": terms.compute, "data": terms.data,
@@ -204,7 +208,8 @@ def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: 
     res = {"label": label, "machine": _machine(), "model": {"path": model.name, "n_blocks": cost.n_blocks,
                                                             "block_MiB": cost.blocks[0].memory_bytes / 2**20},
            "workload": {"n_prompt": N_PROMPT, "n_gen": N_GEN, "n_ctx": N_CTX, "reps": reps, "client_threads": 1},
-           "scenario": scenario, "devices_file": devices_path.name, "results": results}
+           "scenario": scenario, "devices_file": devices_path.name, "results": results,
+           "block_times": cost.times.to_json() if cost.times is not None else None}
     (out / f"result-{label}.json").write_text(json.dumps(res, indent=1))
     return res
 
@@ -233,14 +238,14 @@ def run_cpu_reference(reps: int) -> dict[str, Any]:
     client = probe.measure_client(probe.ProbeOptions(matmul_k=4096, matmul_m=4096, tokens=(1, N_PROMPT),
                                                      client_threads=1))
     fl = {int(k): v for k, v in client["flops"].items()}
-    matmul = {n: (sum(b.flops[n] for b in cost.blocks) + cost.head_flops[n]) / D.flops_at(fl, n)
+    matmul = {n: (sum(b.flops[n] for b in cost.blocks) + cost.head_flops[n]) / flops_at(fl, n)
               for n in (1, N_PROMPT)}
     return {"measured_ttft_s": statistics.median(g.ttft_s for g in gens),
             "measured_tpot_s": statistics.median(g.tpot_s for g in gens),
             "matmul_only_ttft_s": matmul[N_PROMPT], "matmul_only_tpot_s": matmul[1]}
 
 
-def run_loopback(out: Path, reps: int) -> dict[str, Any]:
+def run_loopback(out: Path, reps: int, flops_only: bool = False) -> dict[str, Any]:
     """Two rpc-servers on loopback, no shaping; memory capped so that both are needed; and the
     single-machine reference."""
     model = bench_model()
@@ -248,7 +253,7 @@ def run_loopback(out: Path, reps: int) -> dict[str, Any]:
     ref = run_cpu_reference(reps)
     with rpc.start_server(threads=1) as a, rpc.start_server(threads=1) as b:
         mem = [int(need * 0.45 / 0.9), int(need * 0.75 / 0.9)]
-        res = run_client([a.endpoint, b.endpoint], mem, "loopback", out, reps=reps,
+        res = run_client([a.endpoint, b.endpoint], mem, "loopback", out, reps=reps, flops_only=flops_only,
                          scenario={"scenario": "loopback", "description": "two rpc-servers on 127.0.0.1, unshaped",
                                    "devices": [{"name": "d0", "memory_bytes": mem[0]},
                                                {"name": "d1", "memory_bytes": mem[1]}]})
@@ -257,7 +262,7 @@ def run_loopback(out: Path, reps: int) -> dict[str, Any]:
     return res
 
 
-def run_scenarios(out: Path, files: list[Path], reps: int) -> list[dict[str, Any]]:
+def run_scenarios(out: Path, files: list[Path], reps: int, flops_only: bool = False) -> list[dict[str, Any]]:
     check = subprocess.run([sys.executable, str(HERE / "netem_scenario.py"), "check"], capture_output=True, text=True)
     caps = json.loads(check.stdout or "{}")
     (out / "netem-check.json").write_text(json.dumps(caps, indent=1))
@@ -269,7 +274,7 @@ def run_scenarios(out: Path, files: list[Path], reps: int) -> list[dict[str, Any
     for f in files:
         rc = subprocess.run([sys.executable, str(HERE / "netem_scenario.py"), "run", str(f), "--workdir",
                              str(out / "logs" / f.stem), "--", sys.executable, __file__, "client", "-o", str(out),
-                             "--reps", str(reps)]).returncode
+                             "--reps", str(reps), *(["--flops-only"] if flops_only else [])]).returncode
         if rc != 0:
             print(f"scenario {f.name}: exit {rc}", file=sys.stderr)
             continue
@@ -324,21 +329,30 @@ def report(out: Path) -> None:
                          f"{ln['bandwidth_up_Bps'] * 8 / 1e6:.0f} / {ln['bandwidth_down_Bps'] * 8 / 1e6:.0f} | "
                          f"{ln['jitter_s'] * 1e3:.1f} | {ln['loss'] * 100:.2f}% | "
                          f"{d['flops']['1'] / 1e9:.1f} / {d['flops'][str(N_PROMPT)] / 1e9:.1f} |")
+        timed = res.get("block_times") is not None
         lines += ["", "| strategy | blocks per device (pipeline order) | fits | TTFT measured ms | TTFT predicted | "
-                  "TPOT measured ms | TPOT predicted | objective ms |", "|---|---|---|---|---|---|---|---|"]
+                  "FLOPs only | TPOT measured ms | TPOT predicted | FLOPs only | objective ms | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["results"]:
             segs = ", ".join(f"{s['device'].removeprefix('RPC[').removesuffix(']')}: {s['first']}-{s['last']}"
                              for s in r["segments"])
+            fl_ttft = r.get("predicted_flops_only_ttft_s", r["predicted_ttft_s"])
+            fl_tpot = r.get("predicted_flops_only_tpot_s", r["predicted_tpot_s"])
             lines.append(f"| {r['strategy']} | {segs} | {'yes' if r['fits'] else 'NO'} | "
                          f"{r['measured_ttft_s'] * 1e3:.1f} | {r['predicted_ttft_s'] * 1e3:.1f} "
-                         f"({_pct(r['measured_ttft_s'], r['predicted_ttft_s'])}) | {r['measured_tpot_s'] * 1e3:.2f} | "
+                         f"({_pct(r['measured_ttft_s'], r['predicted_ttft_s'])}) | "
+                         f"{fl_ttft * 1e3:.1f} ({_pct(r['measured_ttft_s'], fl_ttft)}) | {r['measured_tpot_s'] * 1e3:.2f} | "
                          f"{r['predicted_tpot_s'] * 1e3:.2f} ({_pct(r['measured_tpot_s'], r['predicted_tpot_s'])}) | "
-                         f"{r['objective_ms']:.0f} |")
+                         f"{fl_tpot * 1e3:.2f} ({_pct(r['measured_tpot_s'], fl_tpot)}) | "
+                         f"{r['objective_ms']:.0f} | {r.get('load_avg', float('nan')):.2f} |")
             rows.append({"scenario": res["label"], "strategy": r["strategy"], "devices_used": r["devices_used"],
-                         "fits": r["fits"], "measured_ttft_ms": r["measured_ttft_s"] * 1e3,
+                         "fits": r["fits"], "blocks_timed": timed, "measured_ttft_ms": r["measured_ttft_s"] * 1e3,
                          "predicted_ttft_ms": r["predicted_ttft_s"] * 1e3,
+                         "flops_only_ttft_ms": fl_ttft * 1e3,
                          "measured_tpot_ms": r["measured_tpot_s"] * 1e3,
-                         "predicted_tpot_ms": r["predicted_tpot_s"] * 1e3, "objective_ms": r["objective_ms"],
+                         "predicted_tpot_ms": r["predicted_tpot_s"] * 1e3,
+                         "flops_only_tpot_ms": fl_tpot * 1e3, "objective_ms": r["objective_ms"],
+                         "load_avg": r.get("load_avg"),
                          "load_s": r["load_s"], "segments": " ".join(f"{s['device']}:{s['first']}-{s['last']}"
                                                                       for s in r["segments"])})
         by = {r["strategy"]: r for r in res["results"]}
@@ -361,21 +375,22 @@ def report(out: Path) -> None:
                       f"after a warm-up, each after 1 s idle; client 1 thread; model {res['model']['path']} ({res['model']['n_blocks']} "
                       f"blocks of {res['model']['block_MiB']:.1f} MiB incl. KV cache).", ""]
     if rows:
-        err_tpot = [(r["predicted_tpot_ms"] - r["measured_tpot_ms"]) / r["measured_tpot_ms"] * 100 for r in rows]
-        err_ttft = [(r["predicted_ttft_ms"] - r["measured_ttft_ms"]) / r["measured_ttft_ms"] * 100 for r in rows]
+        def errs(kind: str, col: str) -> str:
+            e = [abs(r[f"{col}_{kind}_ms"] - r[f"measured_{kind}_ms"]) / r[f"measured_{kind}_ms"] * 100 for r in rows]
+            signed = [(r[f"{col}_{kind}_ms"] - r[f"measured_{kind}_ms"]) / r[f"measured_{kind}_ms"] * 100 for r in rows]
+            return (f"median |error| {statistics.median(e):.1f}%, p90 {float(np.percentile(e, 90)):.1f}%, "
+                    f"max {max(e):.1f}% (signed {min(signed):+.0f}% to {max(signed):+.0f}%)")
+
         lines += ["## Reading the predictions", "",
-                  f"Predicted vs measured over all runs: TPOT {statistics.median(err_tpot):+.0f}% (median; "
-                  f"{min(err_tpot):+.0f}% to {max(err_tpot):+.0f}%), TTFT {statistics.median(err_ttft):+.0f}% "
-                  f"({min(err_ttft):+.0f}% to {max(err_ttft):+.0f}%). The model is the patent's: weight-matmul FLOPs "
-                  "over probed FLOP/s, plus one latency and one transfer per link crossing (plus TCP slow start). "
-                  "It leaves out the rest of each token's graph (norms, rope, attention, softmax: see the "
-                  "single-machine reference under loopback), llama.cpp's per-split scheduling and ggml-rpc's "
-                  "per-visit work (serialising inputs, dispatch), and, here, the CPU the relay and three "
-                  "processes share on 2 cores. Within a scenario the error is a similar share for every plan, "
-                  "so the absolute numbers are low but the comparison holds: see each scenario's MILP-vs-baseline "
-                  "line. The far-link baselines' TTFT is over-predicted: the slow-start term assumes both "
-                  "directions restart from the initial window after the idle second, and the measured prefill "
-                  "paid about half of that.", ""]
+                  f"Over all {len(rows)} runs: TTFT {errs('ttft', 'predicted')}; TPOT {errs('tpot', 'predicted')}.", "",
+                  f"With the FLOP model alone (weight-matmul FLOPs over probed FLOP/s, the patent's T_compute): TTFT "
+                  f"{errs('ttft', 'flops_only')}; TPOT {errs('tpot', 'flops_only')}.", "",
+                  "Predicted = the client's part of the pass + each block's compute on its device + one latency "
+                  "and one transfer per link crossing (plus TCP slow start). With the blocks timed "
+                  "(`oallama.cluster.timing`), a block's compute is its time in the model's real graph on the "
+                  "client (1 thread here), scaled by the device's probed FLOP/s over the client's, and the client's "
+                  "part is the real pass's time outside its blocks (embedding, output head, graph, sampling); the "
+                  "FLOP model sees neither the blocks' other ops nor that part.", ""]
     solver = out / "solver.json"
     if solver.exists():
         doc = json.loads(solver.read_text())
@@ -416,6 +431,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=3, help="solver instances per kind")
     ap.add_argument("--time-limit", type=float, default=20.0, help="HiGHS time limit per solve, s")
+    ap.add_argument("--flops-only", action="store_true", help="plan with the FLOP model: do not time the blocks")
     args = ap.parse_args()
     out = args.out or default_out()
     out.mkdir(parents=True, exist_ok=True)
@@ -423,14 +439,14 @@ def main() -> int:
     if args.what == "client":
         sc = json.loads(Path(os.environ["OALLAMA_SCENARIO"]).read_text())
         run_client([d["endpoint"] for d in sc["devices"]], [d["memory_bytes"] for d in sc["devices"]],
-                   sc["scenario"], out, reps=args.reps, scenario=sc)
+                   sc["scenario"], out, reps=args.reps, scenario=sc, flops_only=args.flops_only)
         return 0
     if args.what in ("solver", "all"):
         run_solver(out, args.seeds, args.time_limit)
     if args.what in ("loopback", "all"):
-        run_loopback(out, args.reps)
+        run_loopback(out, args.reps, flops_only=args.flops_only)
     if args.what in ("scenarios", "all"):
-        run_scenarios(out, files, args.reps)
+        run_scenarios(out, files, args.reps, flops_only=args.flops_only)
     if args.what in ("report", "all", "solver", "loopback", "scenarios"):
         report(out)
     return 0

@@ -251,6 +251,26 @@ def test_qos_penalties_steer_away_from_a_lossy_jittery_link() -> None:
     assert cluster.devices[1].name in without.block_devices
 
 
+@pytest.mark.parametrize("loss", [0.0, 0.02, 0.1])
+def test_a_lossy_link_delays_each_crossing_by_its_segments_recovery(loss: float) -> None:
+    """Every crossing of a link that loses `loss` of its segments takes segments x loss x
+    loss_recovery_rtts round trips longer than over the same link without loss."""
+    cost, _ = D.synthetic_instance(4, 1, 0, uniform=True)
+    doc = _doc(1)
+    doc["devices"][0]["memory_free"] = 2**40
+    clean = D.parse_devices(doc)
+    doc["devices"][0]["link"]["loss"] = loss
+    lossy = D.parse_devices(doc)
+    opts = D.DistOptions(n_prompt=64, n_gen=2)
+    rtt = 2 * clean.devices[0].link.latency_s
+    for tokens, stage in ((64, "prefill"), (1, "decode")):
+        a = D.predict(cost, clean, [0] * 4, opts).stages[stage]
+        b = D.predict(cost, lossy, [0] * 4, opts).stages[stage]
+        segments = sum(-(-n // 1448) for n in (cost.blocks[0].act_in_bytes[tokens], cost.out_bytes[tokens]))
+        assert b["transfer_s"] - a["transfer_s"] == pytest.approx(segments * loss * 2.0 * rtt), stage
+        assert b["compute_s"] == a["compute_s"]
+
+
 # --- a real model ----------------------------------------------------------------------------
 
 

@@ -2,12 +2,23 @@
 rpc-server devices (the patent's MILP, an exact DP), write and load the plan.
 
     problem   devices/links files, the model's blocks, the objective's terms, baselines
+    timing    the model's blocks timed in its real graph on the client (the compute term)
     solver    the MILP (HiGHS) and the exact DP for contiguous plans
     distribute the plan: file, loading through `Llama`, the `oallama distribute` command
     probe     `oallama probe`: memory, FLOP/s, latency, bandwidth, jitter, loss per device/link
 """
 
-from .distribute import DistPlan, baseline_plan, load, plan, plan_model, read_plan, synthetic_instance
+from .distribute import (
+    DistPlan,
+    Prediction,
+    baseline_plan,
+    load,
+    plan,
+    plan_model,
+    predict,
+    read_plan,
+    synthetic_instance,
+)
 from .problem import (
     CLIENT,
     DEVICES_SCHEMA,
@@ -16,12 +27,12 @@ from .problem import (
     OBJECTIVES,
     PLAN_SCHEMA,
     Block,
+    BlockTimes,
     Cluster,
     DeviceSpec,
     DistOptions,
     LinkSpec,
     ModelCost,
-    Prediction,
     Problem,
     Terms,
     baseline,
@@ -31,16 +42,16 @@ from .problem import (
     layer_split,
     model_cost,
     parse_devices,
-    predict,
     read_devices,
     violation,
 )
 from .solver import Solution, dp_tractable, solve, solve_dp
+from .timing import calibrate as time_blocks
 
 __all__ = [
-    "CLIENT", "DEVICES_SCHEMA", "FORMULATIONS", "METHODS", "OBJECTIVES", "PLAN_SCHEMA", "Block", "Cluster",
+    "CLIENT", "DEVICES_SCHEMA", "FORMULATIONS", "METHODS", "OBJECTIVES", "PLAN_SCHEMA", "Block", "BlockTimes", "Cluster",
     "DeviceSpec", "DistOptions", "DistPlan", "LinkSpec", "ModelCost", "Prediction", "Problem", "Solution",
     "Terms", "baseline", "baseline_plan", "brute_force", "build_problem", "dp_tractable", "evaluate",
     "layer_split", "load", "model_cost", "parse_devices", "plan", "plan_model", "predict", "read_devices",
-    "read_plan", "solve", "solve_dp", "synthetic_instance", "violation",
+    "read_plan", "solve", "solve_dp", "synthetic_instance", "time_blocks", "violation",
 ]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,20 +28,46 @@ from .problem import (
     DistOptions,
     LinkSpec,
     ModelCost,
-    Prediction,
     Terms,
     _segments,
     baseline,
     build_problem,
     evaluate,
     model_cost,
-    predict,
     read_devices,
     violation,
 )
 from .solver import Solution, solve
 
 STRATEGIES = ("milp", "memory", "equal")  # the MILP, or a baseline split (see problem.baseline)
+
+# --- prediction ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Modelled latencies of a plan: the physical part of the objective (no penalties)."""
+
+    ttft_s: float  # prompt of n_prompt tokens in -> first token out (s)
+    tpot_s: float  # per further token (s)
+    e2e_s: float  # ttft + (n_gen - 1) tpot (s)
+    stages: dict[str, dict[str, float]]  # "prefill"/"decode" -> compute_s, transfer_s, client_s
+
+
+def predict(cost: ModelCost, cluster: Cluster, assign: Sequence[int], opts: DistOptions) -> Prediction:
+    out: dict[str, dict[str, float]] = {}
+    for label, tokens in (("prefill", opts.n_prompt), ("decode", 1)):
+        stage_opts = replace(opts, objective="decode" if tokens == 1 else "prefill", w_c=0.0, w_q1=0.0, w_q2=0.0,
+                             w_q3=0.0)
+        p = build_problem(cost, cluster, stage_opts)
+        t = evaluate(p, assign)
+        client = cost.client_s(tokens, cluster.client_flops)
+        out[label] = {"compute_s": t.compute / 1e3, "transfer_s": t.data / 1e3, "client_s": client,
+                      "total_s": (t.compute + t.data) / 1e3 + client}
+    ttft, tpot = out["prefill"]["total_s"], out["decode"]["total_s"]
+    return Prediction(ttft, tpot, ttft + (opts.n_gen - 1) * tpot, out)
+
+
 
 # --- the plan --------------------------------------------------------------------------------
 
@@ -162,6 +190,7 @@ class DistPlan:
                              "T_complexity": terms.complexity, "T_QoS": terms.qos},
             },
             "options": asdict(self.options),
+            "block_times": self.cost.times.to_json() if self.cost.times is not None else None,
             "devices_file": self.cluster.source,
             "formulation": FORMULATION,
             "notes": self.notes,
@@ -187,6 +216,10 @@ class DistPlan:
             lines.append(f"  blocks {a:>3}-{b:<3} -> {d}")
         for d in self.cluster.devices:
             lines.append(f"  {d.name:<28} {mem[d.name] / 2**20:9.1f} MiB of {d.memory_bytes / 2**20:9.1f} MiB free")
+        t = self.cost.times
+        lines.append(f"compute: blocks timed in the real graph on the client ({t.threads} thread(s)), scaled by each "
+                     "device's probed FLOP/s" if t is not None else "compute: FLOPs of the weight matmuls at each "
+                     "device's probed FLOP/s (blocks not timed)")
         lines.append(f"objective {terms.total:.2f} ms = compute {terms.compute:.2f} + data {terms.data:.2f} + "
                      f"complexity {terms.complexity:.2f} + QoS {terms.qos:.2f}")
         lines.append(f"predicted TTFT {pred.ttft_s * 1e3:.1f} ms ({self.options.n_prompt} tokens), "
@@ -274,9 +307,15 @@ def baseline_plan(strategy: str, cost: ModelCost, cluster: Cluster, opts: DistOp
 
 
 def plan_model(model: str | Path, cluster: Cluster, opts: DistOptions | None = None, *,
-               strategy: str = "milp") -> DistPlan:
+               strategy: str = "milp", time_threads: int | None = None) -> DistPlan:
+    """The plan of a model file; with time_threads, its blocks timed in the real graph on this
+    machine's CPU first (timing.calibrate) instead of costed by FLOPs."""
     opts = opts or DistOptions()
     cost = model_cost(model, (1, opts.n_prompt), n_ctx=opts.n_ctx)
+    if time_threads is not None:
+        from .timing import calibrate
+
+        cost = calibrate(cost, threads=time_threads, n_prompt=opts.n_prompt, matmul=cluster.matmul)
     return plan(cost, cluster, opts) if strategy == "milp" else baseline_plan(strategy, cost, cluster, opts)
 
 
@@ -325,6 +364,9 @@ class DistributeOptions:
     run: bool = option(False, help="load the plan and generate, timing TTFT/TPOT")
     prompt: str = option("The quick brown fox jumps over the lazy dog", short="-p", help="prompt of --run")
     threads: int | None = option(None, minimum=1, help="client threads", default_help="llama-cpp-python's")
+    time_blocks: bool = option(True, help="time the model's blocks in its real graph on this machine's CPU and "
+                               "scale them to each device by its probed FLOP/s (skipped when the model file is "
+                               "larger than the available memory); off: FLOPs of the weight matmuls only")
     verbose: bool = option(False, help="show llama.cpp's log")
 
 
@@ -334,7 +376,16 @@ def _cmd_distribute(args: argparse.Namespace) -> int:
     opts = a.options
     print(f"planning {Path(a.model).name} on {len(cluster.devices)} devices from {a.devices} ...",
           file=sys.stderr)
-    result = plan_model(a.model, cluster, opts, strategy=a.strategy)
+    threads = a.threads or max((os.cpu_count() or 2) // 2, 1)  # llama-cpp-python's default
+    time_threads = None
+    if a.time_blocks:
+        size, avail = Path(a.model).stat().st_size, _available_bytes()
+        if avail is not None and size > avail:
+            print(f"not timing the blocks: {Path(a.model).name} ({size / 2**30:.1f} GiB) is larger than the "
+                  f"available memory ({avail / 2**30:.1f} GiB); FLOPs of the weight matmuls only", file=sys.stderr)
+        else:
+            time_threads = threads
+    result = plan_model(a.model, cluster, opts, strategy=a.strategy, time_threads=time_threads)
     print(result.summary())
     if a.output:
         result.write(a.output)
@@ -355,6 +406,17 @@ def _cmd_distribute(args: argparse.Namespace) -> int:
         print(f"output: {gen.text!r}")
         llm.close()
     return 0
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (bytes), None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -44,7 +44,14 @@ decides as follows (and says so in every plan file, under "formulation"):
 * t. The patent's O / (E_p B) plus, by default, the round trips of TCP slow start for a large
   transfer (a prefill's activations) on a connection that carried small messages: on a 30 ms
   link a 128 KiB activation takes 3 extra round trips, which the benchmark measured
-  (tcp_initial_window=0 gives the patent's t alone).
+  (tcp_initial_window=0 gives the patent's t alone); and on a lossy link, each segment's chance of
+  loss times its recovery, loss_recovery_rtts round trips (Linux's tail-loss probe fires after 2
+  smoothed round trips; a fast retransmit takes about one).
+* Compute. eps_ij = FLOPs_j / FLOPS_i counts block j's weight matmuls only. With the blocks timed
+  in the model's real graph on the client (timing.py, `ModelCost.times`; `oallama distribute` does
+  it by default), eps_ij is block j's real time there scaled by the client's and device i's probed
+  matmul speeds, and the client's part of a pass is its measured time outside the blocks (on the
+  project's VM the FLOP model left out 40% of a token).
 * Stages. A request is a prefill of n_prompt tokens and n_gen - 1 single-token decodes; FLOPs and
   activation bytes of each block come from the graphs llama.cpp builds at both sizes, and the
   objective weighs the stages as a request does ("e2e"), or takes one ("prefill", "decode").
@@ -79,7 +86,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +167,7 @@ class Cluster:
     devices: list[DeviceSpec]
     client_flops: dict[int, float]  # tokens -> FLOP/s of the client (output head)
     source: str = "<memory>"
+    matmul: tuple[int, int] = (4096, 4096)  # [k, m] of the q8_0 matmul the devices' FLOP/s are of
 
     def device(self, name: str) -> DeviceSpec:
         for d in self.devices:
@@ -207,7 +215,11 @@ def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
     if not isinstance(client, Mapping):
         raise PlanError(f"{source}: 'client' must be an object (with 'flops'), not {client!r}")
     client_flops = _flops_table(client["flops"], f"{source}: client") if "flops" in client else {1: math.inf}
-    return Cluster(out, client_flops, source)
+    shapes = {(int(d["matmul"]["k"]), int(d["matmul"]["m"])) for d in doc["devices"]
+              if isinstance(d.get("matmul"), Mapping) and "k" in d["matmul"] and "m" in d["matmul"]}
+    if len(shapes) > 1:
+        raise PlanError(f"{source}: devices were probed with different matmuls {sorted(shapes)}: probe them together")
+    return Cluster(out, client_flops, source, *shapes)
 
 
 def read_devices(path: str | Path) -> Cluster:
@@ -235,6 +247,39 @@ class Block:
 
 
 @dataclass(frozen=True)
+class BlockTimes:
+    """The model's real graph timed on the client, every block there (cluster/timing.py): what
+    the FLOP count of the weight matmuls cannot see (attention, norms, rope, copies into the KV
+    cache, glue; the matmuls' real speed; the pass's time outside the blocks)."""
+
+    threads: int  # client threads the passes ran with
+    block_us: dict[int, tuple[float, ...]]  # tokens -> per block: its nodes' time in a real pass (us)
+    rest_us: dict[int, float]  # tokens -> the pass outside its blocks: embedding, output head, graph
+    # build, inputs, logits back, sampling the token (us)
+    matmul_flops: dict[int, float]  # tokens -> FLOP/s of the probe's matmul on the client at `threads`:
+    # a device runs a block in block_us x matmul_flops / its own probed FLOP/s
+    n_past: int = 0  # KV cells before the timed 1-token pass
+    # what running the blocks on an rpc-server adds beyond their time, the link's latency and the
+    # activations' transfers (every block on a loopback one, passes alternated with the CPU's):
+    # tokens -> us per block (its nodes serialised and sent, the inputs each pass sets)
+    rpc_block_us: dict[int, float] = field(default_factory=dict)
+    # tokens -> bytes a visit of a device sends (receives) beyond the activation entering (leaving)
+    # its blocks: positions, the attention mask, the graph when llama.cpp builds it anew, commands
+    # (counted on the loopback connection, TCP_INFO); a prompt's last activation comes back whole
+    visit_bytes_up: dict[int, float] = field(default_factory=dict)
+    visit_bytes_down: dict[int, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"threads": self.threads, "n_past": self.n_past,
+                "block_us": {str(n): list(v) for n, v in self.block_us.items()},
+                "rest_us": {str(n): v for n, v in self.rest_us.items()},
+                "matmul_flops": {str(n): v for n, v in self.matmul_flops.items()},
+                "rpc_block_us": {str(n): v for n, v in self.rpc_block_us.items()},
+                "visit_bytes_up": {str(n): v for n, v in self.visit_bytes_up.items()},
+                "visit_bytes_down": {str(n): v for n, v in self.visit_bytes_down.items()}}
+
+
+@dataclass(frozen=True)
 class ModelCost:
     path: str
     name: str
@@ -244,10 +289,44 @@ class ModelCost:
     out_bytes: dict[int, int]  # tokens -> bytes of the last block's output (what the head reads)
     client_tensors: tuple[str, ...]  # weights that stay on the client
     n_ctx: int
+    times: BlockTimes | None = None  # real-graph times (timing.calibrate); None: the FLOP model
 
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)
+
+    def block_ms(self, j: int, tokens: int, device: DeviceSpec) -> float:
+        """Block j's compute on `device` in a pass of `tokens` tokens (ms): its real-graph time
+        on the client scaled by the two's probed matmul speeds, or (uncalibrated) its weight
+        matmuls' FLOPs at the device's FLOP/s."""
+        if self.times is None:
+            return self.blocks[j].flops[tokens] / device.flops_at(tokens) * 1e3
+        return (self._times_at(tokens)[j] * flops_at(self.times.matmul_flops, tokens) / device.flops_at(tokens)
+                + self.times.rpc_block_us.get(tokens, 0.0)) / 1e3
+
+    def visit_bytes(self, tokens: int) -> tuple[float, float]:
+        """(up, down) bytes a visit of a device moves beyond the activations (0 uncalibrated)."""
+        if self.times is None:
+            return 0.0, 0.0
+        return self.times.visit_bytes_up.get(tokens, 0.0), self.times.visit_bytes_down.get(tokens, 0.0)
+
+    def client_s(self, tokens: int, client_flops: Mapping[int, float]) -> float:
+        """The client's part of a pass (s): measured (the pass outside its blocks), or the output
+        head's FLOPs at the client's FLOP/s."""
+        if self.times is None:
+            return self.head_flops[tokens] / flops_at(client_flops, 1) if self.head_flops[tokens] else 0.0
+        self._times_at(tokens)
+        return self.times.rest_us[tokens] / 1e6
+
+    def _times_at(self, tokens: int) -> tuple[float, ...]:
+        assert self.times is not None
+        got = self.times.block_us.get(tokens)
+        if got is None or tokens not in self.times.rest_us:
+            raise PlanError(f"{self.path}: its blocks were timed in passes of {sorted(self.times.block_us)} tokens, "
+                            f"not {tokens}: calibrate with n_prompt={tokens}")
+        if len(got) != self.n_blocks:
+            raise PlanError(f"{self.path}: {len(got)} block times for {self.n_blocks} blocks")
+        return got
 
 
 def model_cost(path: str | Path, tokens: Sequence[int] = (1, 64), *, n_ctx: int = 2048) -> ModelCost:
@@ -309,6 +388,8 @@ class DistOptions:
     w_q3: float = option(10000.0, help="QoS weight of loss rate squared, ms per crossing")
     protocol_efficiency: float = option(1.0, flag="--ep", help="protocol efficiency E_p: 1 for measured goodput, "
                                         "the patent's 0.3 for nominal rates")
+    loss_recovery_rtts: float = option(2.0, help="round trips a lost TCP segment delays its message (expected "
+                                       "delay per crossing: segments x loss rate x this x round trip)")
     tcp_initial_window: int = option(10, flag="--tcp-iw", help="TCP initial window (segments) for the slow-start "
                                      "term of t (see transfer_s); 0: the patent's t")
     objective: str = option("e2e", choices=OBJECTIVES, help="what to minimise: e2e = prefill + (n_gen - 1) "
@@ -336,6 +417,8 @@ class DistOptions:
             raise PlanError(f"method must be one of {', '.join(METHODS)}, got '{self.method}'")
         if self.formulation not in FORMULATIONS:
             raise PlanError(f"formulation must be one of {', '.join(FORMULATIONS)}, got '{self.formulation}'")
+        if self.loss_recovery_rtts < 0:
+            raise PlanError("loss_recovery_rtts must be >= 0 (0: losses cost nothing)")
         if self.tcp_initial_window < 0:
             raise PlanError("tcp_initial_window must be >= 0 (0: no slow-start term)")
         if self.n_prompt < 1 or self.n_gen < 1 or self.n_ctx < 1:
@@ -395,17 +478,18 @@ class Terms:
 TCP_MSS = 1448  # bytes of payload per TCP segment on a 1500-byte MTU
 
 
-def transfer_s(nbytes: int, bandwidth_Bps: float, rtt_s: float, opts: DistOptions) -> float:
+def transfer_s(nbytes: float, bandwidth_Bps: float, rtt_s: float, opts: DistOptions, loss: float = 0.0) -> float:
     """t of the patent, O / (E_p B), plus (with tcp_initial_window > 0) the round trips TCP's
     slow start adds: a connection that carried only small messages (decode) sends a large one
     (a prefill's activations) in windows of IW, 2 IW, 4 IW ... segments, one round trip each;
-    the first round is the latency already counted. Seconds."""
+    the first round is the latency already counted; plus, over a link losing `loss` of its
+    segments, the expected recovery of each (loss_recovery_rtts round trips). Seconds."""
     t = nbytes / (opts.protocol_efficiency * bandwidth_Bps)
+    segments = math.ceil(nbytes / TCP_MSS)
     if opts.tcp_initial_window > 0 and nbytes > 0:
-        segments = math.ceil(nbytes / TCP_MSS)
         rounds = math.ceil(math.log2(segments / opts.tcp_initial_window + 1))
         t += max(rounds - 1, 0) * rtt_s
-    return t
+    return t + segments * loss * opts.loss_recovery_rtts * rtt_s
 
 
 def build_problem(cost: ModelCost, cluster: Cluster, opts: DistOptions) -> Problem:
@@ -414,14 +498,15 @@ def build_problem(cost: ModelCost, cluster: Cluster, opts: DistOptions) -> Probl
     compute, entry, exit_, entry_q, exit_q = (np.zeros(shape) for _ in range(5))
     for tokens, weight in opts.stages():
         for i, d in enumerate(cluster.devices):
-            ln, f = d.link, d.flops_at(tokens)
+            ln = d.link
             qos_fixed = opts.w_q1 * ln.jitter_s * 1e3 + opts.w_q3 * ln.loss**2  # ms
             for j, b in enumerate(cost.blocks):
-                compute[i, j] += weight * b.flops[tokens] / f * 1e3
-                o_in = b.act_in_bytes[tokens]
-                o_out = cost.blocks[j + 1].act_in_bytes[tokens] if j + 1 < n else cost.out_bytes[tokens]
-                t_up = transfer_s(o_in, ln.bandwidth_up_Bps, 2 * ln.latency_s, opts) * 1e3  # ms
-                t_down = transfer_s(o_out, ln.bandwidth_down_Bps, 2 * ln.latency_s, opts) * 1e3
+                compute[i, j] += weight * cost.block_ms(j, tokens, d)
+                extra_up, extra_down = cost.visit_bytes(tokens)
+                o_in = b.act_in_bytes[tokens] + extra_up
+                o_out = (cost.blocks[j + 1].act_in_bytes[tokens] if j + 1 < n else cost.out_bytes[tokens]) + extra_down
+                t_up = transfer_s(o_in, ln.bandwidth_up_Bps, 2 * ln.latency_s, opts, ln.loss) * 1e3  # ms
+                t_down = transfer_s(o_out, ln.bandwidth_down_Bps, 2 * ln.latency_s, opts, ln.loss) * 1e3
                 entry[i, j] += weight * (ln.latency_s * 1e3 + t_up)
                 exit_[i, j] += weight * (ln.latency_s * 1e3 + t_down)
                 entry_q[i, j] += weight * (qos_fixed + opts.w_q2 * t_up * ln.loss)
@@ -509,33 +594,6 @@ def baseline(strategy: str, cost: ModelCost, cluster: Cluster) -> list[int]:
     if strategy == "equal":
         return layer_split(cost.n_blocks, [1.0] * len(cluster.devices))
     raise PlanError(f"unknown baseline '{strategy}' (memory or equal)")
-
-
-# --- prediction ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Modelled latencies of a plan: the physical part of the objective (no penalties)."""
-
-    ttft_s: float  # prompt of n_prompt tokens in -> first token out (s)
-    tpot_s: float  # per further token (s)
-    e2e_s: float  # ttft + (n_gen - 1) tpot (s)
-    stages: dict[str, dict[str, float]]  # "prefill"/"decode" -> compute_s, transfer_s, client_s
-
-
-def predict(cost: ModelCost, cluster: Cluster, assign: Sequence[int], opts: DistOptions) -> Prediction:
-    out: dict[str, dict[str, float]] = {}
-    for label, tokens in (("prefill", opts.n_prompt), ("decode", 1)):
-        stage_opts = replace(opts, objective="decode" if tokens == 1 else "prefill", w_c=0.0, w_q1=0.0, w_q2=0.0,
-                             w_q3=0.0)
-        p = build_problem(cost, cluster, stage_opts)
-        t = evaluate(p, assign)
-        client = cost.head_flops[tokens] / flops_at(cluster.client_flops, 1) if cost.head_flops[tokens] else 0.0
-        out[label] = {"compute_s": t.compute / 1e3, "transfer_s": t.data / 1e3, "client_s": client,
-                      "total_s": (t.compute + t.data) / 1e3 + client}
-    ttft, tpot = out["prefill"]["total_s"], out["decode"]["total_s"]
-    return Prediction(ttft, tpot, ttft + (opts.n_gen - 1) * tpot, out)
 
 
 def _segments(assign: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -236,6 +236,17 @@ PRESETS: dict[str, Preset] = {
             keep_tokens=("\u2581",),
         ),
         Preset(
+            name="mid",
+            arch="llama",
+            description="llama-shaped, n_embd 1024, 16 blocks of 12.5 MB at q8_0 (~210 MB): a block's "
+                        "compute outweighs a pass's fixed costs on a small CPU (distributed benchmark, timing tests)",
+            n_embd=1024, n_layer=16, n_head=8, n_head_kv=4, n_ff=2816, n_ctx=2048,
+            vocab="llama-spm", n_vocab=4096,
+            rope_freq_base=10000.0, rms_eps=1e-5,
+            chat_template=LLAMA2_TEMPLATE,
+            keep_tokens=("\u2581",),
+        ),
+        Preset(
             name="llama3-8b",
             arch="llama",
             description="Meta-Llama-3-8B(-Instruct)",
