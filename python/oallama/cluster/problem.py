@@ -478,15 +478,17 @@ class Terms:
 TCP_MSS = 1448  # bytes of payload per TCP segment on a 1500-byte MTU
 
 
-def transfer_s(nbytes: float, bandwidth_Bps: float, rtt_s: float, opts: DistOptions, loss: float = 0.0) -> float:
-    """t of the patent, O / (E_p B), plus (with tcp_initial_window > 0) the round trips TCP's
-    slow start adds: a connection that carried only small messages (decode) sends a large one
-    (a prefill's activations) in windows of IW, 2 IW, 4 IW ... segments, one round trip each;
-    the first round is the latency already counted; plus, over a link losing `loss` of its
-    segments, the expected recovery of each (loss_recovery_rtts round trips). Seconds."""
+def transfer_s(nbytes: float, bandwidth_Bps: float, rtt_s: float, opts: DistOptions, loss: float = 0.0, *,
+               cold: bool = True) -> float:
+    """t of the patent, O / (E_p B), plus (cold, with tcp_initial_window > 0) the round trips TCP's
+    slow start adds: a request's prompt, after an idle link, sends its large activations in
+    windows of IW, 2 IW, 4 IW ... segments, one round trip each; the first round is the latency
+    already counted (a decode's messages repeat every token: its window has grown to them); plus,
+    over a link losing `loss` of its segments, the expected recovery of each (loss_recovery_rtts
+    round trips). Seconds."""
     t = nbytes / (opts.protocol_efficiency * bandwidth_Bps)
     segments = math.ceil(nbytes / TCP_MSS)
-    if opts.tcp_initial_window > 0 and nbytes > 0:
+    if cold and opts.tcp_initial_window > 0 and nbytes > 0:
         rounds = math.ceil(math.log2(segments / opts.tcp_initial_window + 1))
         t += max(rounds - 1, 0) * rtt_s
     return t + segments * loss * opts.loss_recovery_rtts * rtt_s
@@ -505,8 +507,9 @@ def build_problem(cost: ModelCost, cluster: Cluster, opts: DistOptions) -> Probl
                 extra_up, extra_down = cost.visit_bytes(tokens)
                 o_in = b.act_in_bytes[tokens] + extra_up
                 o_out = (cost.blocks[j + 1].act_in_bytes[tokens] if j + 1 < n else cost.out_bytes[tokens]) + extra_down
-                t_up = transfer_s(o_in, ln.bandwidth_up_Bps, 2 * ln.latency_s, opts, ln.loss) * 1e3  # ms
-                t_down = transfer_s(o_out, ln.bandwidth_down_Bps, 2 * ln.latency_s, opts, ln.loss) * 1e3
+                cold = tokens > 1  # the prompt's pass: the first of a request
+                t_up = transfer_s(o_in, ln.bandwidth_up_Bps, 2 * ln.latency_s, opts, ln.loss, cold=cold) * 1e3  # ms
+                t_down = transfer_s(o_out, ln.bandwidth_down_Bps, 2 * ln.latency_s, opts, ln.loss, cold=cold) * 1e3
                 entry[i, j] += weight * (ln.latency_s * 1e3 + t_up)
                 exit_[i, j] += weight * (ln.latency_s * 1e3 + t_down)
                 entry_q[i, j] += weight * (qos_fixed + opts.w_q2 * t_up * ln.loss)
