@@ -44,6 +44,7 @@ from oallama.cluster import probe
 from oallama.cluster.problem import flops_at
 from oallama.model import synthetic
 from oallama.runtime import rpc
+from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ("milp", "memory", "equal")
@@ -58,7 +59,7 @@ def _machine() -> dict[str, Any]:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("model name"))
     return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "gpu": "none",
-            "python": platform.python_version(), "platform": platform.platform()}
+            "python": platform.python_version(), "platform": platform.platform(), "commit": git_commit()}
 
 
 def default_out() -> Path:
@@ -386,11 +387,14 @@ def report(out: Path) -> None:
                   f"With the FLOP model alone (weight-matmul FLOPs over probed FLOP/s, the patent's T_compute): TTFT "
                   f"{errs('ttft', 'flops_only')}; TPOT {errs('tpot', 'flops_only')}.", "",
                   "Predicted = the client's part of the pass + each block's compute on its device + one latency "
-                  "and one transfer per link crossing (plus TCP slow start). With the blocks timed "
-                  "(`oallama.cluster.timing`), a block's compute is its time in the model's real graph on the "
-                  "client (1 thread here), scaled by the device's probed FLOP/s over the client's, and the client's "
-                  "part is the real pass's time outside its blocks (embedding, output head, graph, sampling); the "
-                  "FLOP model sees neither the blocks' other ops nor that part.", ""]
+                  "and one transfer per link crossing (TCP slow start in the prompt's pass, lost segments' "
+                  "recovery on a lossy link). With the blocks timed (`oallama.cluster.timing`), a block's compute "
+                  "is its time in the model's real graph on the client (1 thread here), scaled by the device's "
+                  "probed FLOP/s over the client's, plus what an rpc-server adds per block; the client's part is "
+                  "the real pass's time outside its blocks (embedding, output head, graph, sampling); a visit of a "
+                  "device moves the bytes counted on a loopback connection (positions, mask, the prompt's graph, "
+                  "the prompt's last activation whole), not only the activations. The FLOP model sees none of "
+                  "these.", ""]
     solver = out / "solver.json"
     if solver.exists():
         doc = json.loads(solver.read_text())

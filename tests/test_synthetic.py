@@ -298,7 +298,7 @@ def test_fewer_layers_same_layer_data(make_model: MakeModel) -> None:
     assert all(t.data.tobytes() == full_data[t.name] for t in GGUFReader(short).tensors)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"preset": "gpt5"}, "tiny, llama3-8b"),
+@pytest.mark.parametrize(("kwargs", "match"), [({"preset": "gpt5"}, "tiny, mid, llama3-8b"),
                                                ({"qtype": "q3_x"}, "q4_k_m"),
                                                ({"n_layer": 0}, "n_layer")])
 def test_bad_arguments(kwargs: dict[str, Any], match: str, tmp_path: Path) -> None:

@@ -17,17 +17,20 @@ prompt of n_prompt tokens, then 1-token decodes after it):
 The CPU passes are timed in ROUNDS rounds seconds apart and the median round kept (the project's
 VM runs 1.4x slower for seconds at a time, and one slow or fast round scaled every prediction). Running the
 blocks on an rpc-server costs more than their time, the link's latency and the activations'
-transfers (the graph serialised and sent each pass, the inputs set: +1.4 ms a token for the tiny
-model's 4 blocks on loopback): a child process times passes with every block on a loopback
-rpc-server alternated with passes on the CPU, and the median difference, less the loopback link's
-terms, is charged per block placed on any device (`rpc_block_us`).
+transfers (the graph sent, the inputs set: +45 us a block in decode for the `mid` model on this
+VM's loopback): a child process times runs of passes with every block on a loopback rpc-server
+alternated with runs on the CPU, and the median difference, less the loopback link's terms, is
+charged per block placed on any device (`rpc_block_us`). The same child counts the bytes a pass
+moves on llama.cpp's connection (TCP_INFO): what a visit moves beyond the activations
+(`visit_bytes_up` / `_down`: positions, the attention mask, a prompt's graph; a prompt's last
+activation comes back whole).
 
 A device runs block j in block_us x matmul_flops / (its probed FLOP/s) + rpc_block_us: the block's real work in
 the client's time, scaled by how fast the device ran the same matmul (exact for devices like the
 client, the project's emulated ones; an estimate for a different kind of device, whose
 non-matmul ops scale as its matmuls do). Both sides are measured alike: the blocks' weights in
 the plain layout an rpc-server holds them in (llama.cpp would repack them on the client's CPU), the
-matmul through an rpc-server (the client's own op profiler ran the same matmul 25% slower than
+matmul through an rpc-server (the client's own op profiler ran the same matmul 20-60% slower than
 back-to-back recomputes on an rpc-server of the same machine). The pass needs the model's weights
 on the client, read through mmap: `oallama distribute` times them when the file fits in the
 client's available memory.
