@@ -94,7 +94,8 @@ def test_devices_probed_with_different_matmuls_are_refused(one_device: D.Cluster
 
 def test_timed_prediction_matches_a_real_run(timed: D.ModelCost, one_device: D.Cluster) -> None:
     """The plan (every block on the loopback rpc-server) predicted from the timed blocks against
-    its real TTFT and TPOT, with a tolerance (this VM's speed alone varies 1.4x)."""
+    its real TTFT and TPOT, with a tolerance (this VM's speed alone varies 1.4x), and closer to
+    them than the FLOP model's prediction of the same plan."""
     from oallama.runtime.generate import timed_generate
 
     opts = D.DistOptions(n_prompt=N_PROMPT, n_gen=16, n_ctx=256)
@@ -113,5 +114,9 @@ def test_timed_prediction_matches_a_real_run(timed: D.ModelCost, one_device: D.C
         llm.close()
     ttft = statistics.median(g.ttft_s for g in gens)
     tpot = statistics.median(g.tpot_s for g in gens)
-    assert 0.6 < pred.ttft_s / ttft < 1.6, (pred.ttft_s, ttft)
-    assert 0.5 < pred.tpot_s / tpot < 2.0, (pred.tpot_s, tpot)
+    flops_only = D.predict(replace(timed, times=None), one_device, plan.assign, opts)
+    for what, p, f, m in (("TTFT", pred.ttft_s, flops_only.ttft_s, ttft), ("TPOT", pred.tpot_s, flops_only.tpot_s, tpot)):
+        assert 0.6 < p / m < 1.6, (what, p, m)
+        # closer to the run than the FLOP model (here: within 0.77-1.22x of it, the FLOP model 0.46-0.65x,
+        # over 7 runs, 3 of them beside a busy-looping process)
+        assert abs(p - m) < abs(f - m), (what, p, f, m)

@@ -56,9 +56,9 @@ from ..errors import OallamaError, PlanError
 from .problem import BlockTimes, ModelCost
 
 MIN_REPS = 5  # timed passes per size, at least
-ALTERNATIONS = 5  # runs of CPU passes and of rpc passes, alternated (the median difference kept)
-ROUNDS = 3  # the CPU passes timed this many times, seconds apart (the median round kept)
 REPS_S = 1.0  # ... and more of them while they take under this long (s), at most 4x
+ROUNDS = 3  # the CPU passes timed this many times, seconds apart (the median round kept)
+ALTERNATIONS = 5  # runs of CPU passes and of rpc passes, alternated (the median difference kept)
 
 
 def _stops(nodes: list[_core.NodeTime]) -> list[tuple[int, int | None]]:
@@ -277,7 +277,6 @@ def calibrate(cost: ModelCost, *, threads: int, n_prompt: int, matmul: tuple[int
               f"{rest_us[1] / 1e3:.2f} ms outside them, prompt {sum(block_us[n_prompt]) / 1e3:.1f} ms + "
               f"{rest_us[n_prompt] / 1e3:.1f} ms ({time.perf_counter() - t0:.1f} s)".ljust(90), file=sys.stderr)
     return replace(cost, times=times)
-
 
 
 if __name__ == "__main__":  # the rpc-server part of calibrate(), in its own process (see _rpc_child)
