@@ -21,9 +21,10 @@ MATMUL = (1024, 1024)  # the probe's matmul here (the model's are this size)
 
 @pytest.fixture(scope="module")
 def mid(synth_model) -> Path:
-    """n_embd 1024, 8 blocks of 12.5 MB: a block's compute outweighs a pass's fixed costs (the
-    tiny model's passes on a loopback rpc-server took 2-20 ms here, erratically, for 0.3 ms of
-    compute)."""
+    """n_embd 1024, 8 blocks of 12.5 MB: a block's compute outweighs a pass's fixed costs, so that
+    the timed model and the FLOP model predict measurably different runs (the tiny model's decode
+    on a loopback rpc-server is 0.7-1.6 ms for 0.3 ms of blocks: `bench/results/2026-11-23-vm-
+    distributed/experiments/evidence.json`)."""
     return synth_model("mid", "q8_0", n_layer=8)
 
 

@@ -138,7 +138,7 @@ def _rpc_child(req: dict[str, Any]) -> dict[str, Any]:
             for size in sorted(req["sizes"], reverse=True):
                 prefix, batch = (toks[:n_prompt], toks[n_prompt:n_prompt + 1]) if size == 1 else ([], toks[:size])
                 # runs of passes alternated (the rpc load's passes back to back, as a generation runs
-                # them: passes alternated one by one with the CPU's ran 3-7x slower on loopback)
+                # them), the machine's speed changing between runs rather than within one
                 diffs, walls = [], []
                 for _ in range(ALTERNATIONS):
                     c = [timed_eval(cpu, None, prefix, batch, []).wall_us for _ in range(MIN_REPS + 1)][1:]
