@@ -133,10 +133,29 @@ def test_each_pass_size_is_anchored_to_its_own_splits() -> None:
     for n, per_op in ((1, 5.0), (32, 100.0)):
         modelled = sum(dc.node_time_us("ADD", p["work"], n) for p in points if p["n_tokens"] == n and p["op"] == "ADD")
         assert modelled == pytest.approx(40 * per_op, rel=1e-6), n
-    # a pass of another size takes the nearest timed size's factor (log scale)
-    assert dc.factor(2) == dc.anchors[1] and dc.factor(512) == dc.anchors[32]
+    # a pass between two timed sizes takes their factors interpolated on log tokens (4 = 2/5 of the
+    # way from 1 to 32), a pass beyond them the nearest one's
+    a1, a32 = dc.anchors[1], dc.anchors[32]
+    assert dc.factor(4) == pytest.approx(a1 + 0.4 * (a32 - a1)) and dc.factor(512) == a32 and dc.factor(1) == a1
     assert Calibration.from_json(json.loads(json.dumps(Calibration({"RPC": dc}, 0.0, 0.0).to_json()))
                                  ).devices["RPC"].anchors == dc.anchors
+
+
+def test_decode_and_prompt_passes_time_outside_the_graph_apart() -> None:
+    # a decode pass reuses its predecessor's graph (200 us outside it); a prompt pass builds its own
+    # (550 us + 3 us a token): one line through all of them would put 14 us on every prompt token
+    overheads = [(1, 200.0), (1, 212.0), (32, 646.0), (128, 934.0)]
+    cal = fit([], overheads, None)
+    assert cal.decode_us == pytest.approx(206.0)
+    assert cal.pass_overhead_us(1) == pytest.approx(206.0)
+    assert cal.pass_a_us == pytest.approx(550.0) and cal.pass_b_us == pytest.approx(3.0)
+    assert cal.pass_overhead_us(64) == pytest.approx(550.0 + 3.0 * 64)
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))).decode_us == cal.decode_us
+    # one prompt size: all of a prompt's time outside per pass; a method-12 profile: its one line
+    one = fit([], [(1, 200.0), (32, 646.0)], None)
+    assert one.pass_overhead_us(64) == one.pass_overhead_us(32) == pytest.approx(646.0)
+    old = Calibration({}, 194.0, 14.0)
+    assert old.decode_us is None and old.pass_overhead_us(1) == pytest.approx(208.0)
 
 
 def test_work_of_an_activation_matmul_is_its_multiply_adds() -> None:

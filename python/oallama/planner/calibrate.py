@@ -18,15 +18,19 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
   anchors            and then per pass size (tokens): where a node's time alone is mostly its
                      synchronisation (an rpc-server's round trip), the fits cannot tell a decode
                      op's few microseconds from a prompt op's hundreds; each pass size's splits
-                     fix its own total (a pass of another size takes the nearest size's factor);
+                     fix its own total (a pass of another size: the factors of the timed sizes
+                     around it, interpolated on log tokens);
 
-and `pass_us = a + b * n_tokens`: a pass's wall time outside its graph (llama.cpp's decode
+and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
 token), from the host load (with an accelerator, reading its results back is the model's copies).
 
 Two loads are timed: every layer on the host (op offload off: nothing streams), and every
-layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and one prefill
-size. A third load streams every host weight to the accelerator in a decode pass (`stream`):
+layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and two prefill
+sizes (the second, 4x the first, when its passes are cheap; a pass between timed sizes takes
+their factors interpolated). A decode pass reuses its predecessor's graph and a prompt pass
+builds its own, so their times outside the graph are measured apart (`decode_us`). A third load
+streams every host weight to the accelerator in a decode pass (`stream`):
 weights leave from the memory llama.cpp loaded them into, which a one-op copy of a fresh buffer
 does not see (on an H100 the profiled link moved 54 GB/s, weights streamed in real loads at 8
 GB/s); the plan derives the rate from it in the model's own terms (`context.stream_link`).
@@ -68,13 +72,15 @@ from .realpass import (
 from .routing import Routing
 from .routing import measure as measure_routing
 
-VERSION = 12  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 13  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
-# an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept)
+# an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
+# 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's)
 MAX_ROUNDS = 3  # calibrations repeated (the fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 30.0
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
+BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
 
 def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
@@ -126,11 +132,17 @@ class DeviceCalibration:
     anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
 
     def factor(self, n_tokens: int | None) -> float:
-        """The pass-size factor for a pass of n_tokens: the nearest timed size's (log scale)."""
+        """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
+        log scale of tokens; beyond them, the nearest one's."""
         if n_tokens is None or not self.anchors:
             return 1.0
-        near = min(self.anchors, key=lambda n: (abs(math.log(max(n, 1)) - math.log(max(n_tokens, 1))), n))
-        return self.anchors[near]
+        sizes = sorted(self.anchors)
+        if n_tokens <= sizes[0] or n_tokens >= sizes[-1]:
+            return self.anchors[sizes[0] if n_tokens <= sizes[0] else sizes[-1]]
+        hi = next(n for n in sizes if n >= n_tokens)
+        lo = max(n for n in sizes if n < n_tokens)
+        t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return self.anchors[lo] + t * (self.anchors[hi] - self.anchors[lo])
 
     def scale_for(self, n_tokens: int | None) -> float:
         """Real-graph / profile time of weight matmuls in a pass of n_tokens."""
@@ -146,8 +158,8 @@ class DeviceCalibration:
 @dataclass
 class Calibration:
     devices: dict[str, DeviceCalibration]
-    pass_a_us: float  # us per pass outside the graph
-    pass_b_us: float  # us per token of the pass outside the graph
+    pass_a_us: float  # us per prompt pass outside the graph
+    pass_b_us: float  # us per token of a prompt pass outside the graph
     elapsed_s: float = 0.0
     points: list[dict[str, Any]] = field(default_factory=list)  # the measurements the fits come from
     splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
@@ -159,8 +171,14 @@ class Calibration:
     # accelerator -> (a, b): us = a + b * n_tokens a pass that runs nothing on it saves when the runtime
     # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
     detached: dict[str, list[float]] = field(default_factory=dict)
+    # us outside the graph of a 1-token pass, which reuses the previous decode pass's graph (a prompt
+    # pass builds its own: 0.55-0.92 ms at 8-128 tokens against 0.21 ms for a small MoE's decode);
+    # None in a profile of method <= 12, whose one line ran through both
+    decode_us: float | None = None
 
     def pass_overhead_us(self, n_tokens: int) -> float:
+        if n_tokens == 1 and self.decode_us is not None:
+            return self.decode_us
         return self.pass_a_us + self.pass_b_us * n_tokens
 
     def detached_us(self, acc: str | None, n_tokens: int) -> float:
@@ -180,14 +198,14 @@ class Calibration:
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
                            Routing.from_json(doc["routing"]) if doc.get("routing") else None,
-                           {d: list(v) for d, v in (doc.get("detached") or {}).items()})
+                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
                            self.elapsed_s, self.points, self.splits,
                            {ren.get(k, k): v for k, v in self.stream.items()},
                            {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
-                           {ren.get(k, k): v for k, v in self.detached.items()})
+                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us)
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -332,6 +350,7 @@ def _calibrate_once(path: str | Path, devices: Sequence[str], profile: Any, *, t
     n_layer = int(info.hparam("block_count", 0))
     accs = [devmod.resolve(d) for d in devices if not devmod.resolve(d).is_host]
     n_prefill = max(1, min(n_prefill, n_ctx // 2))
+    n_big = min(BIG_PREFILL * n_prefill, n_ctx // 2)
     loads: list[tuple[str, dict[str, Any]]] = [("host", {"n_gpu_layers": 0, "op_offload": False})]
     if accs:
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
@@ -345,8 +364,8 @@ def _calibrate_once(path: str | Path, devices: Sequence[str], profile: Any, *, t
             print(f"\rcalibrate: real graph, {what} load ({i + 1}/{len(loads)})".ljust(100), end="",
                   file=sys.stderr, flush=True)
         try:
-            llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=n_prefill,
-                        n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
+            llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=n_big,
+                        n_ubatch=n_big, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
                         flash_attn=False, verbose=False, **kw)
         except (OallamaError, ValueError, RuntimeError) as e:  # report which load failed
             raise ProfileError(f"calibration: could not load {path} ({what} load): {e}") from None
@@ -354,6 +373,12 @@ def _calibrate_once(path: str | Path, devices: Sequence[str], profile: Any, *, t
             tokens = prompt_tokens(llm, n_ctx)
             load = _Load(llm, tokens, reps)
             load.measure(n_prefill, 0)
+            # a second prompt size, when its passes are cheap: prompt ops and matmuls grow unlike
+            # tokens (a small MoE's weight matmuls 0.8x their 32-token cost per token at 128, the pass's
+            # time outside its graph +45%), and a workload's ubatch is rarely the calibrated one
+            est_s = load.walls[(n_prefill, 0)] / 1e6 * n_big / n_prefill * (2 + 2 * reps)
+            if n_big > n_prefill and est_s < max_fill_s / 2:
+                load.measure(n_big, 0)
             load.measure(1, n_prefill)
             # attention over a long KV cache, when filling it costs little (a few prompt passes)
             per_token_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill
@@ -480,8 +505,13 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
                                n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
-    a, b = _line(overheads)
-    return Calibration(devs, a, b, points=list(points), splits=list(splits), routing=routing)
+    # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
+    # (one line through both put 14 us a token on a prompt: 1.9 ms at 128 tokens where 0.9 ms was measured)
+    decode = [us for n, us in overheads if n == 1]
+    prompt = [(n, us) for n, us in overheads if n > 1]
+    a, b = _line(prompt or overheads)
+    return Calibration(devs, a, b, points=list(points), splits=list(splits), routing=routing,
+                       decode_us=statistics.median(decode) if decode and prompt else None)
 
 
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],

@@ -60,8 +60,9 @@ def detached_us(path: str | Path, attached: Mapping[tuple[int, int], float],
     such a pass's split-mode time outside its graph in another context (calibrate._Load)."""
     from ..runtime.llama import Llama
 
+    n_batch = max([n_prefill, *(n for n, _ in attached)])  # every timed pass in one ubatch
     try:
-        llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_prefill, n_ubatch=n_prefill, n_threads=threads,
+        llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
                     n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
                     op_offload=False)
     except (OallamaError, ValueError, RuntimeError) as e:

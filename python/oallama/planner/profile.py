@@ -579,8 +579,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                 print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
         cal = prof.calibration
         if cal is not None:
-            print(f"  calibration ({cal.elapsed_s:.1f} s): outside the graph {cal.pass_a_us:.0f} us per pass "
-                  f"+ {cal.pass_b_us:.2f} us per token")
+            dec = f"; a decode pass {cal.decode_us:.0f} us" if cal.decode_us is not None else ""
+            print(f"  calibration ({cal.elapsed_s:.1f} s): outside the graph {cal.pass_a_us:.0f} us per prompt pass "
+                  f"+ {cal.pass_b_us:.2f} us per token{dec}")
             for dev, dc in cal.devices.items():
                 print(f"  {dev}: {len(dc.ops) - 1} op kinds fitted; weight matmuls {dc.matmul_scale:.2f} x their "
                       f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone; per pass size x "
