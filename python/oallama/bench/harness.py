@@ -17,12 +17,16 @@ Layout of DIR:
     raw/<id>.plan.json   the plan file it loaded
     raw/<id>.json        its result; present = finished (written atomically)
     raw/<id>.log         its stderr
+    raw/<id>.r<k>.*      the same in round k >= 2 (`--rounds`; `launch.py`)
     profiles/<key>.json  every profile the plans were costed with (`profile_key` in the records)
     results.json, results.csv, predicted.json, predicted_passes.csv, summary.md, *.png
 
 A configuration's id is a hash of (model identity, device identity, strategy, budget, prompt,
 gen, op offload, settings, build): a rerun skips finished ones, so an interrupted run resumes
-where it stopped, and `--max-minutes` stops cleanly before a time limit.
+where it stopped, and `--max-minutes` stops cleanly before a time limit. `--rounds N` runs the
+whole grid N times (a configuration's processes minutes apart: the project's VM runs 1.4x slower
+for seconds to minutes at a time, which neither the load average nor steal time shows); the
+records report each configuration's fastest round and the spread of its rounds (`report.py`).
 
 Timings measured with a loopback rpc-server as the "accelerator" only prove the harness: that
 accelerator is another CPU process on the same machine. Every configuration records the 1-minute
@@ -34,13 +38,11 @@ measurements disagree by more than 5% (`accuracy.compare_repeats`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,9 +58,9 @@ from ..runtime import devices as devmod
 from ..runtime import rpc
 from . import accuracy
 from . import profiles as bench_profiles
+from .launch import RAW_SCHEMA, is_finished, launch, raw_stem
 
 SCHEMA = "oallama.bench/1"
-RAW_SCHEMA = "oallama.bench.raw/1"
 # run order within a budget (the paper's baselines first); optimal last: it takes the other
 # plans as candidates
 _ORDER = ("layers", "fit", "flexgen", "n-cpu-moe", "affinity")
@@ -149,6 +151,9 @@ class BenchOptions:
     anchor: tuple[int, int] | None = option(None, metavar="PROMPT,GEN", help="(prompt, gen) the sweep grid is "
                                             "centred on", default_help=f"{format_default(PAPER_ANCHOR)} where listed")
     reps: int = option(5, help="timed repetitions per configuration")
+    rounds: int = option(1, help="measure the whole grid this many times, each configuration once per round in "
+                         "its own process (a configuration's rounds run minutes apart); records report its fastest "
+                         "round, as a calibration keeps its fastest (see bench/report.py)")
     warmup: int = option(1, help="discarded runs before them")
     threads: int | None = option(None, help="CPU threads", default_help="half the cores")
     ubatch: int = option(512, help="n_batch = n_ubatch (tokens)")
@@ -187,8 +192,9 @@ class BenchOptions:
             raise PlanError(f"grid '{self.grid}': choose {' or '.join(GRIDS)}")
         if self.op_offload not in OP_OFFLOAD_MODES:
             raise PlanError(f"--op-offload '{self.op_offload}': choose on, off or both")
-        if self.reps < 1 or self.warmup < 0:
-            raise PlanError(f"--reps must be >= 1 and --warmup >= 0 (got {self.reps}, {self.warmup})")
+        if self.reps < 1 or self.warmup < 0 or self.rounds < 1:
+            raise PlanError(f"--reps and --rounds must be >= 1 and --warmup >= 0 (got {self.reps}, {self.rounds}, "
+                            f"{self.warmup})")
         if self.ubatch < 1 or (self.threads is not None and self.threads < 1):
             raise PlanError("--ubatch and --threads must be >= 1")
         if self.anchor is not None and (self.anchor[0] not in self.prompts or self.anchor[1] not in self.gens):
@@ -294,16 +300,6 @@ def _host_meta() -> dict[str, Any]:
             "build_patches": ";".join(b["patches"]), "cuda_build": b["cuda"]}
 
 
-def is_finished(raw_dir: Path, cid: str) -> bool:
-    p = raw_dir / f"{cid}.json"
-    if not p.exists():
-        return False
-    try:
-        return json.loads(p.read_text()).get("status") == "ok"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def _fmt_s(s: float) -> str:
     s = max(int(s), 0)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -360,17 +356,23 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
         configs = build_configs(opts, meta["device_identity"], dev.name, settings, build)
         if len({c.id for c in configs}) != len(configs):
             raise PlanError("duplicate configurations (a budget, strategy, prompt or gen listed twice?)")
-        pending = [c for c in configs if not is_finished(raw_dir, c.id)]
-        summary = BenchSummary(len(configs), len(configs) - len(pending))
+        rounds = range(1, opts.rounds + 1)
+        pending = {r: [c for c in configs if not is_finished(raw_dir, c.id, r)] for r in rounds}
+        n_pending = sum(len(v) for v in pending.values())
+        summary = BenchSummary(len(configs) * opts.rounds, len(configs) * opts.rounds - n_pending)
         if opts.progress:
+            per = f" x {opts.rounds} rounds" if opts.rounds > 1 else ""
             _log(f"{len(configs)} configurations ({len(opts.models)} model(s) x {len(opts.workloads())} workload(s) "
-                 f"x {len(opts.budgets)} budget(s) x {len(opts.variants())} strategy variant(s)) on {dev.name}; "
-                 f"{summary.done_before} already done, {len(pending)} to run; threads {threads}, "
+                 f"x {len(opts.budgets)} budget(s) x {len(opts.variants())} strategy variant(s)){per} on {dev.name}; "
+                 f"{summary.done_before} already done, {n_pending} to run; threads {threads}, "
                  f"ubatch {opts.ubatch}, reps {opts.reps} (+{opts.warmup} warm-up)")
         try:
-            _run_pending(opts, pending, summary, settings, meta, dev.name, server_pid, raw_dir, deadline)
+            for r in rounds:  # the whole grid once per round: a configuration's rounds run minutes apart
+                if pending[r] and not _run_pending(opts, pending[r], summary, settings, meta, dev.name, server_pid,
+                                                   raw_dir, deadline, r):
+                    break
         finally:
-            summary.remaining = sum(not is_finished(raw_dir, c.id) for c in configs)
+            summary.remaining = sum(not is_finished(raw_dir, c.id, r) for c in configs for r in rounds)
             summary.outputs = bench_report.write_outputs(opts.out, plots=opts.plots)
             for line in accuracy.warning_lines(bench_report.read_records(summary.outputs["json"])):
                 _log(line)
@@ -388,7 +390,8 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
 
 def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummary, settings: RunSettings,
                  meta: dict[str, Any], acc: str, server_pid: int | None, raw_dir: Path,
-                 deadline: float | None) -> None:
+                 deadline: float | None, rnd: int = 1) -> bool:
+    """Plan and run `pending` as round `rnd`; False when the time limit stopped it."""
     from ..planner import plan as planmod
 
     profiles: dict[tuple[str, int, bool], Any] = {}  # --reprofile: measured once per (model, n_ctx, op offload)
@@ -397,10 +400,11 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
         groups.setdefault((c.model, c.prompt, c.gen, c.op_offload), []).append(c)
     durations: list[float] = []
     i = 0
+    where = f", round {rnd}/{opts.rounds}" if opts.rounds > 1 else ""
     for (model, prompt, gen, oo), group in groups.items():
         if deadline is not None and time.monotonic() > deadline:
             _log(f"stopping before the time limit ({opts.max_minutes:g} min)")
-            return
+            return False
         wl = planmod.Workload(prompt, gen, "e2e", settings.n_ubatch)
         if opts.reprofile and (model, wl.n_ctx, oo) not in profiles:
             profiles[(model, wl.n_ctx, oo)] = bench_profiles.measure(model, acc, wl.n_ctx, settings.threads, oo,
@@ -418,25 +422,28 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                 if deadline is not None and time.monotonic() + est * 1.1 > deadline:
                     _log(f"stopping before the time limit ({opts.max_minutes:g} min): "
                          f"{len(pending) - i + 1} configuration(s) left")
-                    return
+                    return False
                 p = plans.get(c.strategy)
                 if isinstance(p, str):  # planning failed
                     summary.failed[c.id] = p
-                    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
-                                                                 "config": _config_doc(c), "error": p})
-                    _log(f"[{i}/{len(pending)}] {c.label}: planning failed: {p}")
+                    write_json(raw_dir / f"{raw_stem(c.id, rnd)}.failed.json",
+                               {"schema": RAW_SCHEMA, "id": c.id, "round": rnd, "status": "failed",
+                                "config": _config_doc(c), "error": p})
+                    _log(f"[{i}/{len(pending)}{where}] {c.label}: planning failed: {p}")
                     continue
                 t0 = time.monotonic()
                 if opts.progress:
                     eta = f", ETA {_fmt_s(est * (len(pending) - i + 1))}" if durations else ""
-                    _log(f"[{i}/{len(pending)}] {c.label} ({c.id}){eta}")
-                err = _launch(c, p, settings, meta, server_pid, raw_dir, opts, deadline, profile_key)
+                    _log(f"[{i}/{len(pending)}{where}] {c.label} ({c.id}){eta}")
+                err = launch(raw_dir, c.id, rnd, config=_config_doc(c), plan=p, plan_doc=_plan_doc(p), meta=meta,
+                             server_pid=server_pid, profile_key=profile_key, timeout_s=opts.config_timeout_s,
+                             deadline=deadline)
                 summary.launched.append(c.id)
                 dt = time.monotonic() - t0
                 durations.append(dt)
                 if err is None:
                     summary.finished.append(c.id)
-                    res = json.loads((raw_dir / f"{c.id}.json").read_text())
+                    res = json.loads((raw_dir / f"{raw_stem(c.id, rnd)}.json").read_text())
                     if opts.progress:
                         r = res["samples"]
                         _log(f"    done in {dt:.1f} s: TTFT {statistics.median(r['ttft_ms']):.1f} ms, "
@@ -448,10 +455,11 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                         _log(f"    {accuracy.load_warning(max(loads), c.label, lim)}")
                 elif err == "deadline":
                     _log(f"    stopped at the time limit ({opts.max_minutes:g} min); it reruns next time")
-                    return
+                    return False
                 else:
                     summary.failed[c.id] = err
                     _log(f"    FAILED after {dt:.1f} s: {err}")
+    return True
 
 
 def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool) -> dict[str, Any]:
@@ -500,57 +508,6 @@ def _plan_doc(p: Any) -> dict[str, Any]:
             "streamed_weights": sum(b < NEVER for b in p.offload_policy().values()),
             "from": _winner(p), "model_weight_bytes": int(p.model["weight_bytes"]),
             "model_n_layer": int(p.model["n_layer"]), "model_architecture": p.model.get("architecture", "")}
-
-
-def _launch(c: Config, p: Any, settings: RunSettings, meta: dict[str, Any], server_pid: int | None,
-            raw_dir: Path, opts: BenchOptions, deadline: float | None, profile_key: str) -> str | None:
-    """Run one configuration in a fresh process; None on success, else an error ("deadline": the
-    time limit stopped it)."""
-    plan_path = raw_dir / f"{c.id}.plan.json"
-    p.save(plan_path)
-    if not c.op_offload:
-        # without op offload nothing streams; "never stream" entries (null) would only make
-        # Llama() refuse the plan (it refuses any per-weight policy when op_offload=False)
-        doc = json.loads(plan_path.read_text())
-        doc["offload_min_batch"] = {w: b for w, b in (doc.get("offload_min_batch") or {}).items() if b is not None}
-        write_json(plan_path, doc)
-    spec = {"schema": RAW_SCHEMA, "id": c.id, "config": _config_doc(c), "meta": meta, "plan_file": str(plan_path),
-            "plan": _plan_doc(p), "server_pid": server_pid, "result": str(raw_dir / f"{c.id}.json"),
-            "profile_key": profile_key, "placement_key": accuracy.placement_key(json.loads(plan_path.read_text())),
-            "load_avg_start": os.getloadavg()[0]}
-    spec_path = raw_dir / f"{c.id}.spec.json"
-    write_json(spec_path, spec)
-    with contextlib.suppress(OSError):
-        (raw_dir / f"{c.id}.failed.json").unlink()
-    timeout = opts.config_timeout_s
-    if deadline is not None:
-        timeout = min(timeout, max(deadline - time.monotonic(), 1.0))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(raw_dir / f"{c.id}.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "oallama.bench.worker", str(spec_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            if deadline is not None and time.monotonic() >= deadline - 1.0 and timeout < opts.config_timeout_s:
-                return "deadline"
-            err = f"timed out after {timeout:.0f} s"
-            write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
-                                                         "config": _config_doc(c), "error": err})
-            return err
-        except BaseException:
-            proc.kill()  # Ctrl-C: no result is written, the configuration reruns next time
-            proc.wait()
-            raise
-    if rc == 0 and is_finished(raw_dir, c.id):
-        return None
-    tail = (raw_dir / f"{c.id}.log").read_bytes()[-1500:].decode(errors="replace").strip()
-    err = f"worker exited with code {rc}: {tail.splitlines()[-1] if tail else 'no output'}"
-    write_json(raw_dir / f"{c.id}.failed.json", {"schema": RAW_SCHEMA, "id": c.id, "status": "failed",
-                                                 "config": _config_doc(c), "error": err, "log_tail": tail})
-    return err
 
 
 # --- CLI ---------------------------------------------------------------------------------------

@@ -7,7 +7,11 @@ their sample standard deviation; `predicted` is the planner's prediction where i
 (ttft_ms, tpot_ms, e2e_ms, tokens_per_s); `source` says where a memory figure comes from. The last
 columns came later (older results lack them and still read): `profile_key` (the profile the plan was
 costed with, saved as profiles/<profile_key>.json), the 1-minute load average at the start and end
-of the configuration, and `placement_key` (`accuracy.placement_key` of its plan file).
+of the configuration, `placement_key` (`accuracy.placement_key` of its plan file), and for a run of
+several rounds (`oallama bench --rounds N`) `rounds` and `round_spread`: a configuration measured in
+several rounds reports its fastest round's samples (by median e2e), as a calibration keeps its
+fastest round (the project's VM runs 1.4x slower for seconds to minutes at a time), and the spread
+of its rounds' e2e medians (slowest / fastest - 1); every round's raw result stays under raw/.
 
 Beside them: predicted.json (config_id -> the plan's whole prediction, per-pass breakdown
 included) and predicted_passes.csv (the same passes as flat rows); `accuracy` computes the
@@ -38,7 +42,7 @@ COLUMNS = [
     "budget", "budget_bytes", "budget_share", "fits_budget", "acc_weight_bytes", "acc_weight_share",
     "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
     "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
-    "source", "profile_key", "load_avg_start", "load_avg_end", "placement_key",
+    "source", "profile_key", "load_avg_start", "load_avg_end", "placement_key", "rounds", "round_spread",
 ]
 # metric -> (unit, description)
 METRICS = {
@@ -86,6 +90,7 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "threads": st["threads"], "n_ctx": c["n_ctx"], "n_batch": st["n_batch"], "n_ubatch": st["n_ubatch"],
         "flash_attn": st["flash_attn"], "mmap": st["mmap"], "reps": st["reps"], "warmup": st["warmup"],
         **{k: raw.get(k) for k in ("profile_key", "load_avg_start", "load_avg_end", "placement_key")},
+        "rounds": raw.get("rounds", 1), "round_spread": _spread(raw.get("round_e2e_ms") or []),
     }
     s = raw["samples"]
     pred = plan["predicted"]
@@ -116,12 +121,31 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _spread(medians: Sequence[float]) -> float | None:
+    """Slowest / fastest - 1 of a configuration's rounds (None for one round)."""
+    return max(medians) / min(medians) - 1.0 if len(medians) > 1 and min(medians) > 0 else None
+
+
+def fastest_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's finished rounds -> the raw result its records report: the round with
+    the lowest median e2e, with `rounds` and every round's median e2e (`round_e2e_ms`, by round)."""
+    if len(docs) == 1:
+        return docs[0]
+    by_round = sorted(docs, key=lambda d: int(d.get("round", 1)))
+    medians = [statistics.median(d["samples"]["e2e_ms"]) for d in by_round]
+    best = by_round[medians.index(min(medians))]
+    return {**best, "rounds": len(docs), "round_e2e_ms": medians}
+
+
 def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(finished raw results, failures) under out_dir/raw."""
-    ok, failed = [], []
+    """(finished raw results, failures) under out_dir/raw; a configuration measured in several
+    rounds is one result (`fastest_round`)."""
+    ok: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     raw_dir = out_dir / "raw"
     if not raw_dir.is_dir():
         return ok, failed
+    rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in sorted(raw_dir.glob("*.json")):
         if p.name.endswith((".spec.json", ".plan.json")):
             continue
@@ -130,9 +154,10 @@ def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
         except (OSError, json.JSONDecodeError):
             continue
         if doc.get("status") == "ok":
-            ok.append(doc)
+            rounds[doc["id"]].append(doc)
         elif doc.get("status") == "failed" and not (raw_dir / f"{doc['id']}.json").exists():
             failed.append(doc)
+    ok = [fastest_round(docs) for docs in rounds.values()]
     return ok, failed
 
 
@@ -278,7 +303,9 @@ def _settings_line(r: dict[str, Any]) -> str:
     return (f"threads {r['threads']}, n_batch {r['n_batch']}, n_ubatch {r['n_ubatch']}, flash_attn "
             f"{'on' if r['flash_attn'] else 'off'}, mmap {'on' if r['mmap'] else 'off'}, n_ctx per workload "
             f"(256-token multiples of prompt + gen); median ± stddev of {r['reps']} timed runs after "
-            f"{r['warmup']} discarded warm-up run(s), each configuration in a fresh process")
+            f"{r['warmup']} discarded warm-up run(s), each configuration in a fresh process"
+            + (f"; the fastest of {r['rounds']} rounds (the whole grid once per round)" if (r.get("rounds") or 1) > 1
+               else ""))
 
 
 def settings_text(records: Sequence[dict[str, Any]]) -> str:
