@@ -26,7 +26,7 @@ gen, op offload, settings, build): a rerun skips finished ones, so an interrupte
 where it stopped, and `--max-minutes` stops cleanly before a time limit. `--rounds N` runs the
 whole grid N times (a configuration's processes minutes apart: the project's VM runs 1.4x slower
 for seconds to minutes at a time, which neither the load average nor steal time shows); the
-records report each configuration's fastest round and the spread of its rounds (`report.py`).
+records report each configuration's median round and the spread of its rounds (`report.py`).
 
 Timings measured with a loopback rpc-server as the "accelerator" only prove the harness: that
 accelerator is another CPU process on the same machine. Every configuration records the 1-minute
@@ -152,8 +152,8 @@ class BenchOptions:
                                             "centred on", default_help=f"{format_default(PAPER_ANCHOR)} where listed")
     reps: int = option(5, help="timed repetitions per configuration")
     rounds: int = option(1, help="measure the whole grid this many times, each configuration once per round in "
-                         "its own process (a configuration's rounds run minutes apart); records report its fastest "
-                         "round, as a calibration keeps its fastest (see bench/report.py)")
+                         "its own process (a configuration's rounds run minutes apart); records report its median "
+                         "round (see bench/report.py)")
     warmup: int = option(1, help="discarded runs before them")
     threads: int | None = option(None, help="CPU threads", default_help="half the cores")
     ubatch: int = option(512, help="n_batch = n_ubatch (tokens)")

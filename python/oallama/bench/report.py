@@ -9,9 +9,11 @@ columns came later (older results lack them and still read): `profile_key` (the 
 costed with, saved as profiles/<profile_key>.json), the 1-minute load average at the start and end
 of the configuration, `placement_key` (`accuracy.placement_key` of its plan file), and for a run of
 several rounds (`oallama bench --rounds N`) `rounds` and `round_spread`: a configuration measured in
-several rounds reports its fastest round's samples (by median e2e), as a calibration keeps its
-fastest round (the project's VM runs 1.4x slower for seconds to minutes at a time), and the spread
-of its rounds' e2e medians (slowest / fastest - 1); every round's raw result stays under raw/.
+several rounds reports its median round's samples (by median e2e; of an even number, the faster of
+the middle two), the machine's typical speed (the project's VM runs 1.4x slower for seconds to
+minutes at a time: the fastest of 3 rounds of a 2-layer 8B cut ran 24% faster than predicted where
+the median round was within 7%), and the spread of its rounds' e2e medians (slowest / fastest - 1);
+rounds.csv lists every round (every raw result stays under raw/).
 
 Beside them: predicted.json (config_id -> the plan's whole prediction, per-pass breakdown
 included) and predicted_passes.csv (the same passes as flat rows); `accuracy` computes the
@@ -61,6 +63,7 @@ STRATEGY_COLORS = {"layers": "C0", "fit": "C1", "flexgen": "C2", "affinity": "C3
 PLOTS = {"e2e": "e2e_per_model.png", "ttft": "ttft_vs_prompt.png", "tpot": "tpot_vs_gen.png",
          "share": "time_vs_share.png"}
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+ROUND_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")  # per round in rounds.csv
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float | int]:
@@ -126,20 +129,24 @@ def _spread(medians: Sequence[float]) -> float | None:
     return max(medians) / min(medians) - 1.0 if len(medians) > 1 and min(medians) > 0 else None
 
 
-def fastest_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration's finished rounds -> the raw result its records report: the round with
-    the lowest median e2e, with `rounds` and every round's median e2e (`round_e2e_ms`, by round)."""
+def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's finished rounds -> the raw result its records report: the round whose
+    median e2e is the rounds' median (the faster middle one of an even number), with `rounds`,
+    every round's median e2e (`round_e2e_ms`, by round) and its medians (`round_medians`)."""
     if len(docs) == 1:
         return docs[0]
     by_round = sorted(docs, key=lambda d: int(d.get("round", 1)))
     medians = [statistics.median(d["samples"]["e2e_ms"]) for d in by_round]
-    best = by_round[medians.index(min(medians))]
-    return {**best, "rounds": len(docs), "round_e2e_ms": medians}
+    best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[(len(medians) - 1) // 2]]
+    every = [{"round": int(d.get("round", 1)), **{m: statistics.median(d["samples"][m]) if d["samples"][m] else None
+                                                   for m in ROUND_METRICS}, "load_avg_start": d.get("load_avg_start"),
+              "finished": d.get("finished")} for d in by_round]
+    return {**best, "rounds": len(docs), "round_e2e_ms": medians, "round_medians": every}
 
 
 def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(finished raw results, failures) under out_dir/raw; a configuration measured in several
-    rounds is one result (`fastest_round`)."""
+    rounds is one result (`median_round`)."""
     ok: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     raw_dir = out_dir / "raw"
@@ -157,7 +164,7 @@ def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             rounds[doc["id"]].append(doc)
         elif doc.get("status") == "failed" and not (raw_dir / f"{doc['id']}.json").exists():
             failed.append(doc)
-    ok = [fastest_round(docs) for docs in rounds.values()]
+    ok = [median_round(docs) for docs in rounds.values()]
     return ok, failed
 
 
@@ -221,11 +228,32 @@ def write_outputs(out_dir: Path, *, plots: bool = True) -> dict[str, Path]:
         for r in records:
             w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
     out.update(write_predicted(out_dir, ok))
+    if any(raw.get("rounds", 1) > 1 for raw in ok):
+        out["rounds"] = write_rounds(out_dir / "rounds.csv", ok)
     out["md"] = out_dir / "summary.md"
     out["md"].write_text(summary_markdown(records, failed, out_dir.name))
     if plots and records:
         out.update(make_plots(records, out_dir))
     return out
+
+
+def write_rounds(path: Path, ok: Sequence[dict[str, Any]]) -> Path:
+    """rounds.csv: every round of every configuration measured in several (`--rounds`): its
+    medians, and whether the records report it (`kept`: the median round by e2e)."""
+    cols = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "round", "kept",
+            *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "load_avg_start", "finished"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for raw in sorted(ok, key=lambda r: r["id"]):
+            c, pred = raw["config"], raw["plan"]["predicted"]
+            for rd in raw.get("round_medians") or []:
+                row = {"config_id": raw["id"], "model": c["model_name"], "strategy": c["strategy"],
+                       "op_offload": c["op_offload"], "budget": c["budget"], "prompt": c["prompt"], "gen": c["gen"],
+                       **rd, "kept": rd["round"] == int(raw.get("round", 1)),
+                       **{f"predicted_{m}": pred[m] for m in ROUND_METRICS}}
+                w.writerow({k: ("" if row.get(k) is None else row[k]) for k in cols})
+    return path
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -304,7 +332,7 @@ def _settings_line(r: dict[str, Any]) -> str:
             f"{'on' if r['flash_attn'] else 'off'}, mmap {'on' if r['mmap'] else 'off'}, n_ctx per workload "
             f"(256-token multiples of prompt + gen); median ± stddev of {r['reps']} timed runs after "
             f"{r['warmup']} discarded warm-up run(s), each configuration in a fresh process"
-            + (f"; the fastest of {r['rounds']} rounds (the whole grid once per round)" if (r.get("rounds") or 1) > 1
+            + (f"; the median of {r['rounds']} rounds (the whole grid once per round)" if (r.get("rounds") or 1) > 1
                else ""))
 
 

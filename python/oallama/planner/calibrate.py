@@ -173,7 +173,7 @@ class Calibration:
     # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
     detached: dict[str, list[float]] = field(default_factory=dict)
     # us outside the graph of a 1-token pass, which reuses the previous decode pass's graph (a prompt
-    # pass builds its own: 0.55-0.92 ms at 8-128 tokens against 0.21 ms for a small MoE's decode);
+    # pass builds its own: 0.6-1.3 ms at 8-128 tokens against 0.3 ms for a small MoE's decode);
     # None in a profile of method <= 12, whose one line ran through both
     decode_us: float | None = None
 
@@ -422,8 +422,8 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             load = _Load(llm, tokens, reps)
             load.measure(n_prefill, 0)
             # a second prompt size, when its passes are cheap: prompt ops and matmuls grow unlike
-            # tokens (a small MoE's weight matmuls 0.8x their 32-token cost per token at 128, the pass's
-            # time outside its graph +45%), and a workload's ubatch is rarely the calibrated one
+            # tokens (a small MoE's weight matmuls cost 0.64x their 32-token time per token at 128 in the
+            # real graph, 0.74x in the one-op profile), and a workload's ubatch is rarely the calibrated one
             est_s = load.walls[(n_prefill, 0)] / 1e6 * n_big / n_prefill * (2 + 2 * reps)
             if n_big > n_prefill and est_s < max_fill_s / 2:
                 load.measure(n_big, 0)
@@ -545,7 +545,8 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                                n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
-    # (one line through both put 14 us a token on a prompt: 1.9 ms at 128 tokens where 0.9 ms was measured)
+    # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens where 1.0-1.3 ms
+    # was measured; bench/results/2026-11-23-vm-method14)
     decode = [us for n, us in overheads if n == 1]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = _line(prompt or overheads)
