@@ -116,9 +116,10 @@ def test_resume_reruns_only_missing_configurations(smoke: dict[str, Any], tmp_pa
     assert len(bench_report.by_config(bench_report.read_records(out / "results.json"))) == 2
 
 
-def test_rounds_measure_the_grid_again_and_report_the_fastest(smoke: dict[str, Any], tmp_path: Path) -> None:
+def test_rounds_measure_the_grid_again_and_report_the_median(smoke: dict[str, Any], tmp_path: Path) -> None:
     # --rounds 2 on a finished run: round 1 is the run's results, round 2 runs every configuration
-    # once more in its own process; each record reports the faster round and the rounds' spread
+    # once more in its own process; each record reports the median round (of two: the faster) and
+    # the rounds' spread
     out = tmp_path / "run"
     shutil.copytree(smoke["out"], out)
     rc, s, err = _bench(smoke["model"], out, "--rounds", "2")
@@ -139,19 +140,29 @@ def test_rounds_measure_the_grid_again_and_report_the_fastest(smoke: dict[str, A
         # every metric comes from that round's samples: TTFT and TPOT too
         best = rounds[e2e.index(min(e2e))]
         assert metrics["ttft_ms"]["median"] == best["samples"]["ttft_ms"][0]
+    # every round's medians beside the records, the reported one marked
+    with (out / "rounds.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["config_id"], r["round"]) for r in rows) == sorted((c, k) for c in ids for k in ("1", "2"))
+    for r in rows:
+        kept = float(r["e2e_ms"]) == by_cfg[r["config_id"]]["e2e_ms"]["median"]
+        assert (r["kept"] == "True") == kept and float(r["predicted_e2e_ms"]) > 0
     # run again: both rounds are finished, nothing runs
     rc, s, err = _bench(smoke["model"], out, "--rounds", "2")
     assert rc == 0 and s["launched"] == 0 and s["done_before"] == 4
 
 
-def test_fastest_round_by_hand() -> None:
+def test_median_round_by_hand() -> None:
     def doc(rnd: int, e2e: list[float]) -> dict[str, Any]:
-        return {"id": "c", "round": rnd, "samples": {"e2e_ms": e2e}}
+        return {"id": "c", "round": rnd, "samples": {"e2e_ms": e2e, "ttft_ms": e2e, "tpot_ms": []}}
 
     one = doc(1, [5.0])
-    assert bench_report.fastest_round([one]) is one
-    got = bench_report.fastest_round([doc(2, [9.0, 8.0, 10.0]), doc(1, [12.0, 11.0, 13.0]), doc(3, [10.0, 10.0, 9.0])])
-    assert got["round"] == 2 and got["rounds"] == 3 and got["round_e2e_ms"] == [12.0, 9.0, 10.0]
+    assert bench_report.median_round([one]) is one
+    three = [doc(2, [9.0, 8.0, 10.0]), doc(1, [12.0, 11.0, 13.0]), doc(3, [10.0, 10.0, 9.0])]
+    got = bench_report.median_round(three)
+    assert got["round"] == 3 and got["rounds"] == 3 and got["round_e2e_ms"] == [12.0, 9.0, 10.0]
+    assert [r["e2e_ms"] for r in got["round_medians"]] == [12.0, 9.0, 10.0]
+    assert bench_report.median_round(three[:2])["round"] == 2  # of two, the faster
 
 
 def test_time_limit_stops_cleanly_and_a_rerun_finishes(synth_model, tmp_path: Path) -> None:
