@@ -545,8 +545,8 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                                n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
-    # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens where 1.0-1.3 ms
-    # was measured; bench/results/2026-11-23-vm-method14)
+    # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
+    # included, where 32- and 128-token passes timed give 2.0 ms; bench/results/2026-11-23-vm-method14)
     decode = [us for n, us in overheads if n == 1]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = _line(prompt or overheads)
