@@ -384,6 +384,13 @@ def test_short_calibrations_keep_each_pass_from_its_fastest_round(monkeypatch: p
         [{"load": "host", "n_tokens": 32, "n_past": 0, "split_us": 1.0}], {(32, 0): 7.0})])
     assert {(p["n_tokens"], p["round"]) for p in r.points} == {(32, 9), (1, 6)}
     assert r.outside == {(32, 0): 7.0, (1, 32): 6.0}
+    # the median round instead (of an even number, the faster middle one); an unknown choice is refused
+    three = [cal_mod.Round([], [{"load": "host", "n_tokens": 1, "n_past": 0, "split_us": us}], {(1, 0): us})
+             for us in (5.0, 1.0, 3.0)]
+    assert cal_mod.merge_rounds(three, "median").outside == {(1, 0): 3.0}
+    assert cal_mod.merge_rounds(three[:2], "median").outside == {(1, 0): 1.0}
+    with pytest.raises(ValueError, match="fastest or median"):
+        cal_mod.merge_rounds(three, "mean")
     # a long round is not repeated
     calls.clear()
     times = iter([(5000.0, 300.0)])

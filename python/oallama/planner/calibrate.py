@@ -353,11 +353,14 @@ def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
     return (str(d.get("load")), int(d["n_tokens"]), int(d["n_past"]))
 
 
-def merge_rounds(rounds: Sequence[Round]) -> Round:
-    """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest:
-    its nodes, splits and time outside the graph together; the streamed and scattered passes
-    from their fastest round; what a detached load saves from the round whose host passes ran
-    fastest overall."""
+def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
+    """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
+    (pick "median": the round of the median time, the faster middle one of an even number): its
+    nodes, splits and time outside the graph together; the streamed and scattered passes from
+    their fastest round; what a detached load saves from the round whose host passes ran fastest
+    overall."""
+    if pick not in ("fastest", "median"):
+        raise ValueError(f"pick '{pick}': fastest or median")
     if not rounds:
         raise ValueError("no calibration rounds to merge")
     totals: list[dict[tuple[str, int, int], float]] = []
@@ -366,8 +369,10 @@ def merge_rounds(rounds: Sequence[Round]) -> Round:
         for s in r.splits:
             t[_pass_key(s)] += float(s["split_us"])
         totals.append(t)
-    best = {k: min((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k])
-            for k in {k for t in totals for k in t}}
+    best: dict[tuple[str, int, int], int] = {}
+    for k in {k for t in totals for k in t}:
+        having = sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k])
+        best[k] = having[0] if pick == "fastest" else having[(len(having) - 1) // 2]
     points = [p for i, r in enumerate(rounds) for p in r.points if best.get(_pass_key(p)) == i]
     splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
     outside = {k: us for i, r in enumerate(rounds) for k, us in r.outside.items() if best.get(("host", *k), 0) == i}
