@@ -162,10 +162,11 @@ def load_raw(out_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             continue
         if doc.get("status") == "ok":
             rounds[doc["id"]].append(doc)
-        elif doc.get("status") == "failed" and not (raw_dir / f"{doc['id']}.json").exists():
+        elif doc.get("status") == "failed":
             failed.append(doc)
     ok = [median_round(docs) for docs in rounds.values()]
-    return ok, failed
+    # a configuration with a finished round is no failure (one round of several failed, or an earlier run)
+    return ok, list({d["id"]: d for d in failed if d["id"] not in rounds}.values())
 
 
 def _order_key(r: dict[str, Any]) -> tuple:
