@@ -152,6 +152,32 @@ def test_rounds_measure_the_grid_again_and_report_the_median(smoke: dict[str, An
     assert rc == 0 and s["launched"] == 0 and s["done_before"] == 4
 
 
+def test_ab_replays_a_cell_in_one_process(smoke: dict[str, Any], tmp_path: Path) -> None:
+    # scripts/bench_ab.py loads the cell's placements side by side (each with its own rpc-server)
+    # and alternates their generations; every placement's e2e is paired with optimal's per round
+    out = tmp_path / "run"
+    shutil.copytree(smoke["out"], out)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_ab.py"
+    p = subprocess.run([sys.executable, str(script), str(out), "--rounds", "2"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads((out / "ab" / "ab.json").read_text())
+    assert doc["meta"]["rounds"] == 2 and len(doc["cells"]) == 1
+    cell = doc["cells"][0]
+    assert (cell["prompt"], cell["gen"], cell["budget"]) == (32, 4, "75%")
+    labels = sorted(lab for pl in cell["placements"] for lab in pl["labels"])
+    assert labels == ["layers", "optimal"]  # one load per distinct placement: both strategies covered
+    for pl in cell["placements"]:
+        assert len(pl["samples"]) == 2 and all(s["e2e_ms"] > s["ttft_ms"] > 0 for s in pl["samples"])
+        raw = json.loads((out / "raw" / f"{pl['config_id']}.json").read_text())
+        assert pl["predicted"]["e2e_ms"] == raw["plan"]["predicted"]["e2e_ms"]
+    md = (out / "ab" / "ab.md").read_text()
+    assert "budget 75%" in md and ("| optimal" in md or "= optimal" in md)
+    assert "cell(s)." in md
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no raw results" in bad.stderr
+
+
 def test_median_round_by_hand() -> None:
     def doc(rnd: int, e2e: list[float]) -> dict[str, Any]:
         return {"id": "c", "round": rnd, "samples": {"e2e_ms": e2e, "ttft_ms": e2e, "tpot_ms": []}}
@@ -428,6 +454,24 @@ def test_identical_placements_measured_twice_must_agree_within_5_percent() -> No
     quiet = [r for r in recs if r["config_id"] in "ab" and r["metric"] == "ttft_ms"]
     assert "## Noisy" not in "\n".join(bench_accuracy.noisy_markdown(quiet))
     assert any("noisy: m prompt 64 gen 32" in line for line in bench_accuracy.warning_lines(recs))
+
+
+def test_configurations_whose_rounds_disagree_are_listed() -> None:
+    recs = [
+        _rec("a", "e2e_ms", 100.0, 90.0, rounds=3, round_spread=0.04),  # within 5%
+        _rec("b", "e2e_ms", 120.0, 90.0, rounds=3, round_spread=0.5, strategy="fit", series="fit"),
+        _rec("c", "e2e_ms", 110.0, 90.0, rounds=2, round_spread=0.08, strategy="optimal", series="optimal"),
+        _rec("c", "tpot_ms", 11.0, 9.0, rounds=2, round_spread=0.08),  # e2e only
+        _rec("d", "e2e_ms", 110.0, 90.0),  # one round: nothing to compare
+    ]
+    n, off = bench_accuracy.round_disagreements(recs)
+    assert n == 3 and [r["config_id"] for r in off] == ["b", "c"]  # largest spread first
+    md = "\n".join(bench_accuracy.rounds_markdown(recs))
+    assert "2 of 3 configuration(s)" in md
+    assert "| m | 64 / 32 | fit | 50% | 3 | 120.00 | 50.0% |" in md
+    calm = "\n".join(bench_accuracy.rounds_markdown(recs[:1]))
+    assert "## Rounds that disagree" not in calm and "all 1 configuration(s)" in calm
+    assert bench_accuracy.rounds_markdown(recs[-1:]) == []
 
 
 def test_placement_key_sees_what_the_load_does() -> None:

@@ -7,6 +7,9 @@ measurements themselves can be trusted (issue 13: a cost model that predicts wha
                         behind the best other strategy
     compare_repeats     identical placements measured twice (e.g. `layers` and `fit` often give
                         the same): their TTFT/TPOT medians must agree within 5%
+    round_disagreements configurations measured in several rounds (`--rounds`) whose rounds' e2e
+                        medians spread by more than 5% (`round_spread`): the same process, run
+                        again minutes later, measured something else
     high_load           configurations measured while the machine was busy (1-minute load
                         average above 1.5 at their start or end)
     predicted_passes    the planner's per-pass breakdown as flat rows (predicted_passes.csv)
@@ -236,6 +239,37 @@ def noisy_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = NOIS
     return [*lines, ""]
 
 
+def round_disagreements(records: Iterable[Mapping[str, Any]],
+                        tolerance: float = NOISE_TOLERANCE) -> tuple[int, list[Mapping[str, Any]]]:
+    """(configurations measured in more than one round, the e2e records of those whose rounds'
+    medians spread by more than `tolerance`: slowest / fastest - 1, `round_spread`), largest
+    spread first."""
+    several = [r for r in records if r.get("metric") == "e2e_ms" and (r.get("rounds") or 1) > 1
+               and r.get("round_spread") is not None]
+    return len(several), sorted((r for r in several if float(r["round_spread"]) > tolerance),
+                                key=lambda r: -float(r["round_spread"]))
+
+
+def rounds_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = NOISE_TOLERANCE) -> list[str]:
+    """The "Rounds that disagree" part of the noise checks (runs with `--rounds`)."""
+    n, off = round_disagreements(records, tolerance)
+    if not n:
+        return []
+    if not off:
+        return [f"Round check: the rounds of all {n} configuration(s) measured in several agree within "
+                f"{100 * tolerance:.0f}% (end to end).", ""]
+    lines = ["## Rounds that disagree", "",
+             f"{len(off)} of {n} configuration(s) measured in several rounds spread by more than "
+             f"{100 * tolerance:.0f}% end to end between their rounds (slowest / fastest - 1; the records report "
+             "the median round, `rounds.csv` has each):", "",
+             "| model | prompt / gen | strategy | budget | rounds | e2e ms (median round) | spread |",
+             "|---|---|---|---|---|---|---|"]
+    for r in off:
+        lines.append(f"| {r['model']} | {r['prompt']} / {r['gen']} | {r.get('series') or r['strategy']} | "
+                     f"{r['budget']} | {r['rounds']} | {float(r['median']):.2f} | {_pct(float(r['round_spread']))} |")
+    return [*lines, ""]
+
+
 def load_limit(cpu_count: int | None) -> float:
     """The load average above which a run on a machine of cpu_count cores is to be redone:
     LOAD_LIMIT per LOAD_LIMIT_CORES cores (a 16-core GPU machine's 8 benchmark threads are no
@@ -298,8 +332,8 @@ def prediction_error_markdown(records: Sequence[Mapping[str, Any]]) -> list[str]
 def accuracy_markdown(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Load and repeat checks, optimal against the others, prediction error: what
     `oallama bench-report` prints (summary.md has the same sections)."""
-    return [*load_markdown(records), *noisy_markdown(records), *optimal_markdown(records),
-            *prediction_error_markdown(records)]
+    return [*load_markdown(records), *noisy_markdown(records), *rounds_markdown(records),
+            *optimal_markdown(records), *prediction_error_markdown(records)]
 
 
 # --- the per-pass breakdown ---------------------------------------------------------------------

@@ -374,7 +374,8 @@ def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[st
                   "device peak = " + "; ".join(sorted({r["source"] for r in records
                                                         if r["metric"] == "device_peak_bytes"}) or ["not measured"])
                   + "; **bold** e2e: the lowest measured end-to-end time at that budget (the measured winner).", ""]
-        lines += [*accuracy.load_markdown(records), *accuracy.noisy_markdown(records)]
+        lines += [*accuracy.load_markdown(records), *accuracy.noisy_markdown(records),
+                  *accuracy.rounds_markdown(records)]
         winners = set(accuracy.measured_winners(records).values())
         cfgs = by_config(records)
         models = sorted({r["model"] for r in records})

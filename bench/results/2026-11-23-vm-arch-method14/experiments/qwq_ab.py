@@ -1,0 +1,31 @@
+"""QwQ-32B Q4_K_M cut to 2 layers, budget 25%: where does `optimal`'s slow decode come from? Three loads in
+one process, generations alternated (prompt 32, generate 8): the bench's `layers` plan (every weight on the
+host, llama.cpp's default layouts), the same with `optimal`'s two layout choices (blk.1.ffn_gate / ffn_up
+plain instead of repacked), and `optimal`'s plan (those layouts + layer 0 and layer 1's attention on the
+rpc-server). Each plan gets its own loopback rpc-server."""
+import sys, statistics, json, os
+from oallama.runtime.llama import Llama
+from oallama.runtime.rpc import start_server
+from oallama.runtime.generate import prompt_tokens, timed_generate
+M, R, plans = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names = ["layers (default layouts)", "layers + optimal's layouts", "optimal"]
+kw = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234)
+llms, srvs = {}, []
+for name, p in zip(names, plans):
+    text = open(p).read(); old = json.loads(text)["accelerator"]
+    srv = start_server(threads=1); srvs.append(srv)
+    f = f"/tmp/exp/ab_{len(srvs)}.plan.json"; open(f, "w").write(text.replace(old, srv.device_name))
+    llms[name] = Llama(M, placement=f, **kw)
+prompt = prompt_tokens(next(iter(llms.values())), 32)
+for llm in llms.values(): timed_generate(llm, prompt, 8, temperature=0.0)
+res = {k: [] for k in llms}
+for r in range(R):
+    for k in (names if r % 2 == 0 else names[::-1]):
+        g = timed_generate(llms[k], prompt, 8, temperature=0.0); res[k].append((g.ttft_s * 1e3, g.tpot_s * 1e3))
+for k, v in res.items():
+    a = res[names[0]]
+    print(f"{k:28s} TTFT median {statistics.median(x[0] for x in v):.1f} ms  TPOT median {statistics.median(x[1] for x in v):.2f} ms"
+          f"  | / layers per round: TTFT {statistics.median(b[0] / c[0] for b, c in zip(v, a)):.3f} TPOT {statistics.median(b[1] / c[1] for b, c in zip(v, a)):.3f}")
+print("load", os.getloadavg())
+for l in llms.values(): l.close()
+for s in srvs: s.stop()
