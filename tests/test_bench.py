@@ -174,6 +174,12 @@ def test_ab_replays_a_cell_in_one_process(smoke: dict[str, Any], tmp_path: Path)
     md = (out / "ab" / "ab.md").read_text()
     assert "budget 75%" in md and ("| optimal" in md or "= optimal" in md)
     assert "cell(s)." in md
+    # layers' predicted ratio to optimal set against its measured one (none when both are one placement)
+    assert ("over 1 placement(s)" in md) == (len(cell["placements"]) == 2)
+    (out / "ab" / "ab.md").unlink()
+    again = subprocess.run([sys.executable, str(script), str(out), "--markdown-only"], capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 0 and (out / "ab" / "ab.md").read_text() == md  # from ab.json, nothing measured
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nothing")], capture_output=True, text=True)
     assert bad.returncode != 0 and "no raw results" in bad.stderr
 
