@@ -14,8 +14,10 @@ planner predicted. Output: DIR/ab/ab.json (every round), DIR/ab/ab.md.
 
     python scripts/bench_ab.py bench/results/<dir> [--model SUBSTR] [--rounds 15]
     python scripts/bench_ab.py bench/results/<dir> --markdown-only   # ab.md again from ab.json
+    python scripts/bench_ab.py bench/results/<dir> --budget 50%,75%  # these cells again, the rest kept
 
-Only CPU + loopback rpc-server runs (the bench's `--rpc-local`) are replayed; the plans are
+Cells measured again replace their earlier entry in ab.json; the others stay (each cell records its
+commit and time). Only CPU + loopback rpc-server runs (the bench's `--rpc-local`) are replayed; the plans are
 rewritten to the new servers' ports. A cell whose models would not fit in host memory twice over
 is skipped with a message.
 """
@@ -40,7 +42,7 @@ from provenance import git_commit
 TOLERANCE = 0.03  # issue 13: optimal within 3% of the best other strategy
 
 
-def _cells(raw_dir: Path, model: str | None) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+def _cells(raw_dir: Path, model: str | None, budgets: set[str] | None = None) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     """(model, prompt, gen, budget) -> round-1 raw results of that cell, one per distinct load
     (same placement key and op offload: `layers` and `fit` often share one; labels joined)."""
     cells: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]] = defaultdict(dict)
@@ -54,6 +56,8 @@ def _cells(raw_dir: Path, model: str | None) -> dict[tuple[Any, ...], list[dict[
         if doc["meta"].get("device_kind") != "rpc":
             continue
         cell = (c["model_name"], c["prompt"], c["gen"], c["budget"])
+        if budgets and c["budget"] not in budgets:
+            continue
         load = (doc.get("placement_key"), c["op_offload"])
         label = c["series"]
         if load in cells[cell]:
@@ -61,6 +65,18 @@ def _cells(raw_dir: Path, model: str | None) -> dict[tuple[Any, ...], list[dict[
         else:
             cells[cell][load] = {"labels": [label], "raw": doc}
     return {k: list(v.values()) for k, v in sorted(cells.items(), key=lambda kv: str(kv[0]))}
+
+
+def _available_bytes() -> int:
+    """Memory the loads can take (bytes): MemAvailable, which counts the page cache a previous cell's
+    model file left (free pages alone do not: after one 8B cell they read 18 of 23 GiB)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _label(entry: dict[str, Any]) -> str:
@@ -75,7 +91,7 @@ def _run_cell(cell: tuple[Any, ...], entries: list[dict[str, Any]], rounds: int,
     model_name, prompt_n, gen, budget = cell
     cfg0 = entries[0]["raw"]["config"]
     wbytes = os.path.getsize(cfg0["model"])
-    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    avail = _available_bytes()
     if wbytes * (len(entries) + 1) > avail:
         print(f"ab: {model_name} @{budget}: {len(entries)} loads of {wbytes / 2**30:.1f} GiB would not fit in "
               f"{avail / 2**30:.1f} GiB free: skipped", file=sys.stderr)
@@ -116,6 +132,7 @@ def _run_cell(cell: tuple[Any, ...], entries: list[dict[str, Any]], rounds: int,
         for srv in servers:
             srv.stop()
     return {"model": model_name, "prompt": prompt_n, "gen": gen, "budget": budget, "rounds": rounds,
+            "commit": git_commit(short=True), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "load_avg_start": load_start, "load_avg_end": load_end,
             "placements": [{"label": _label(e), "labels": e["labels"], "config_id": e["raw"]["id"],
                             "placement_key": e["raw"].get("placement_key"),
@@ -144,9 +161,11 @@ def _summary(cell: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _markdown(cells: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    commits = ", ".join(sorted({str(c.get("commit", meta["commit"])) for c in cells})) or meta["commit"]
+    rounds = "/".join(str(r) for r in sorted({int(c["rounds"]) for c in cells})) or meta["rounds"]
     head = ["# Alternated A/B of bench cells (one process per cell)", "",
-             f"From `{meta['source']}` (its round-1 plans); oallama {meta['commit']}, {meta['machine']}; "
-             f"{meta['rounds']} rounds per cell, each placement one generation per round in turn (order reversed "
+             f"From `{meta['source']}` (its round-1 plans); oallama {commits}, {meta['machine']}; "
+             f"{rounds} rounds per cell, each placement one generation per round in turn (order reversed "
              "every other round), after one warm-up generation each. `vs optimal`: median over rounds of this "
              "placement's e2e / `optimal`'s e2e in the same round (> 1: slower than `optimal`), interquartile "
              "range in brackets; `pred`: the planner's predicted ratio.", ""]
@@ -191,6 +210,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", type=Path, help="a bench results directory with its raw/ (CPU + loopback rpc-server)")
     ap.add_argument("--model", help="only models whose name contains this")
+    ap.add_argument("--budget", help="only these budgets (comma-separated, as the bench wrote them: 25%%,50%%)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--markdown-only", action="store_true", help="write ab.md again from ab.json, measure nothing")
     args = ap.parse_args()
@@ -205,10 +225,12 @@ def main() -> int:
     raw_dir = args.results / "raw"
     if not raw_dir.is_dir():
         sys.exit(f"bench_ab: {raw_dir}: no raw results (run `oallama bench` there first)")
-    cells = _cells(raw_dir, args.model)
+    budgets = {b.strip() for b in args.budget.split(",")} if args.budget else None
+    cells = _cells(raw_dir, args.model, budgets)
     if not cells:
         sys.exit(f"bench_ab: {raw_dir}: no finished CPU + rpc-server configurations"
-                 + (f" of a model matching {args.model!r}" if args.model else ""))
+                 + (f" of a model matching {args.model!r}" if args.model else "")
+                 + (f" at budget {args.budget}" if budgets else ""))
     out_cells = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="oallama-ab-") as tmp:
@@ -219,6 +241,12 @@ def main() -> int:
     meta = {"source": str(args.results), "commit": git_commit(short=True), "rounds": args.rounds,
             "machine": next(iter(cells.values()))[0]["raw"]["meta"].get("machine"), "seconds": time.time() - t0}
     out.mkdir(exist_ok=True)
+    if (out / "ab.json").is_file():  # keep the cells not measured again
+        def key(c: dict[str, Any]) -> tuple[Any, ...]:
+            return (c["model"], c["prompt"], c["gen"], c["budget"])
+        new = {key(c) for c in out_cells}
+        kept = [c for c in json.loads((out / "ab.json").read_text())["cells"] if key(c) not in new]
+        out_cells = sorted([*kept, *out_cells], key=lambda c: str(key(c)))
     (out / "ab.json").write_text(json.dumps({"meta": meta, "cells": out_cells}, indent=1) + "\n")
     (out / "ab.md").write_text(_markdown(out_cells, meta))
     print(f"bench_ab: wrote {out}/ab.json and ab.md ({len(out_cells)} cells in {meta['seconds']:.0f} s)", file=sys.stderr)

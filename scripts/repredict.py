@@ -37,8 +37,8 @@ def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
     if old is not None:  # the committed measurements, fitted by this checkout's method
         new = fit(old.points, [], prof, old.splits)
         new.pass_a_us, new.pass_b_us = old.pass_a_us, old.pass_b_us
-        new.stream = old.stream
-        new.detached = old.detached
+        new.stream, new.scatter = old.stream, old.scatter
+        new.detached, new.decode_us = old.detached, old.decode_us
         prof.calibration = new
     prof = prof.renamed([n if n == "CPU" else device for n in prof.devices])
     wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])

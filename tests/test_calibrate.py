@@ -17,7 +17,15 @@ import pytest
 
 from oallama import Llama, _core
 from oallama.errors import ClosedError
-from oallama.planner.calibrate import VIEW_OPS, Calibration, OpFit, fit, node_overhead_us, work
+from oallama.planner.calibrate import (
+    VIEW_OPS,
+    Calibration,
+    OpFit,
+    context_bounded,
+    fit,
+    node_overhead_us,
+    work,
+)
 from oallama.planner.context import split_cost, stream_link
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context, make_plan
@@ -139,6 +147,34 @@ def test_each_pass_size_is_anchored_to_its_own_splits() -> None:
     assert dc.factor(4) == pytest.approx(a1 + 0.4 * (a32 - a1)) and dc.factor(512) == a32 and dc.factor(1) == a1
     assert Calibration.from_json(json.loads(json.dumps(Calibration({"RPC": dc}, 0.0, 0.0).to_json()))
                                  ).devices["RPC"].anchors == dc.anchors
+
+
+def test_a_decode_pass_is_no_slower_than_over_a_longer_cache() -> None:
+    """The same decode pass timed after 32 and after 510 tokens: the longer runs the same ops on more
+    KV cells, so a shorter one measured slower (QwQ's host: 83.7 against 64.8 ms, a slow phase of the
+    machine) is bounded by it, and the anchor follows; a pair in order is left as measured."""
+
+    def measured(us32: float, us510: float) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        points, splits = [], []
+        for past, total in ((32, us32), (510, us510)):
+            for _ in range(10):
+                points.append({"load": "host", "n_tokens": 1, "n_past": past, "split": 0, "op": "ADD",
+                               "device": "CPU", "weight_type": "", "work": 4096.0, "us": 100.0})
+            splits.append({"load": "host", "n_tokens": 1, "n_past": past, "split": 0, "device": "CPU", "n_ops": 10,
+                           "n_views": 0, "split_us": total, "ops_us": 1000.0})
+        return points, splits
+
+    points, splits = measured(2000.0, 1200.0)
+    assert [s["split_us"] for s in context_bounded(splits)] == [1200.0, 1200.0]
+    cal = fit(points, [], None, splits)
+    assert [s["split_us"] for s in cal.splits] == [2000.0, 1200.0]  # the calibration keeps what it measured
+    dc = cal.devices["CPU"]
+    modelled = sum(dc.node_time_us("ADD", p["work"], 1) for p in points)
+    assert modelled == pytest.approx(2 * 1200.0, rel=1e-6)  # both passes at the longer one's time
+    points, splits = measured(1000.0, 1200.0)
+    assert context_bounded(splits) == splits
+    dc = fit(points, [], None, splits).devices["CPU"]
+    assert sum(dc.node_time_us("ADD", p["work"], 1) for p in points) == pytest.approx(2200.0, rel=1e-6)
 
 
 def test_decode_and_prompt_passes_time_outside_the_graph_apart() -> None:

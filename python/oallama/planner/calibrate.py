@@ -19,7 +19,9 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
                      synchronisation (an rpc-server's round trip), the fits cannot tell a decode
                      op's few microseconds from a prompt op's hundreds; each pass size's splits
                      fix its own total (a pass of another size: the factors of the timed sizes
-                     around it, interpolated on log tokens);
+                     around it, interpolated on log tokens); a decode split timed slower than
+                     the same pass over a longer KV cache ran in a slow phase of the machine and
+                     is bounded by it first (`context_bounded`);
 
 and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
@@ -69,14 +71,16 @@ from .realpass import (
     measure_stream,
     timed_eval,
 )
+from .rounds import Round, context_bounded, merge_rounds
 from .routing import Routing
 from .routing import measure as measure_routing
 
-VERSION = 14  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 15  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
-# rounds, each timed pass from the round it ran fastest in)
+# rounds, each timed pass from the round it ran fastest in; 15: a device's decode split no slower than
+# the same pass over a longer KV cache, `context_bounded`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
@@ -336,60 +340,6 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     return cal
 
 
-@dataclass
-class Round:
-    """One round of a calibration's measurements, before any fit."""
-
-    points: list[dict[str, Any]]  # every timed node (`_node_points`), with its load
-    splits: list[dict[str, Any]]  # every timed split, with its load
-    outside: dict[tuple[int, int], float]  # host passes: (n_tokens, n_past) -> us outside the graph + sampling
-    stream: dict[str, dict[str, Any]] = field(default_factory=dict)
-    scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
-    routing: Routing | None = None
-    detached: dict[str, list[float]] = field(default_factory=dict)
-
-
-def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
-    return (str(d.get("load")), int(d["n_tokens"]), int(d["n_past"]))
-
-
-def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
-    """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
-    (pick "median": the round of the median time, the faster middle one of an even number): its
-    nodes, splits and time outside the graph together; the streamed and scattered passes from
-    their fastest round; what a detached load saves from the round whose host passes ran fastest
-    overall."""
-    if pick not in ("fastest", "median"):
-        raise ValueError(f"pick '{pick}': fastest or median")
-    if not rounds:
-        raise ValueError("no calibration rounds to merge")
-    totals: list[dict[tuple[str, int, int], float]] = []
-    for r in rounds:
-        t: dict[tuple[str, int, int], float] = defaultdict(float)
-        for s in r.splits:
-            t[_pass_key(s)] += float(s["split_us"])
-        totals.append(t)
-    best: dict[tuple[str, int, int], int] = {}
-    for k in {k for t in totals for k in t}:
-        having = sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k])
-        best[k] = having[0] if pick == "fastest" else having[(len(having) - 1) // 2]
-    points = [p for i, r in enumerate(rounds) for p in r.points if best.get(_pass_key(p)) == i]
-    splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
-    outside = {k: us for i, r in enumerate(rounds) for k, us in r.outside.items() if best.get(("host", *k), 0) == i}
-
-    def fastest(field_of: Any) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for r in rounds:
-            for acc, m in field_of(r).items():
-                if acc not in out or float(m["wall_us"]) < float(out[acc]["wall_us"]):
-                    out[acc] = m
-        return out
-
-    host = min(range(len(rounds)), key=lambda i: sum(us for k, us in totals[i].items() if k[0] == "host"))
-    return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[host].detached)
-
-
 def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_prefill: int, n_ctx: int,
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
                    routing: bool = True) -> Round:
@@ -521,6 +471,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
     split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
     the totals, only the shares."""
+    raw_splits, splits = list(splits), context_bounded(splits)
     by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_dev[p["device"]].append(p)
@@ -555,7 +506,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     decode = [us for n, us in overheads if n == 1]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = _line(prompt or overheads)
-    return Calibration(devs, a, b, points=list(points), splits=list(splits), routing=routing,
+    return Calibration(devs, a, b, points=list(points), splits=raw_splits, routing=routing,
                        decode_us=statistics.median(decode) if decode and prompt else None)
 
 

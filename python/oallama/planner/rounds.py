@@ -1,0 +1,89 @@
+"""The calibration's repeated measurements, and which of them it keeps.
+
+This VM (and any shared machine) runs the same pass in two speed states 1.5x apart for seconds to
+minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
+the round it ran fastest in (`merge_rounds`); a decode pass that still measured slower than the
+same pass over a longer KV cache is bounded by it before the fit (`context_bounded`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .routing import Routing
+
+
+@dataclass
+class Round:
+    """One round of a calibration's measurements, before any fit."""
+
+    points: list[dict[str, Any]]  # every timed node (`_node_points`), with its load
+    splits: list[dict[str, Any]]  # every timed split, with its load
+    outside: dict[tuple[int, int], float]  # host passes: (n_tokens, n_past) -> us outside the graph + sampling
+    stream: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routing: Routing | None = None
+    detached: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
+    return (str(d.get("load")), int(d["n_tokens"]), int(d["n_past"]))
+
+
+def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
+    """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
+    (pick "median": the round of the median time, the faster middle one of an even number): its
+    nodes, splits and time outside the graph together; the streamed and scattered passes from
+    their fastest round; what a detached load saves from the round whose host passes ran fastest
+    overall."""
+    if pick not in ("fastest", "median"):
+        raise ValueError(f"pick '{pick}': fastest or median")
+    if not rounds:
+        raise ValueError("no calibration rounds to merge")
+    totals: list[dict[tuple[str, int, int], float]] = []
+    for r in rounds:
+        t: dict[tuple[str, int, int], float] = defaultdict(float)
+        for s in r.splits:
+            t[_pass_key(s)] += float(s["split_us"])
+        totals.append(t)
+    best: dict[tuple[str, int, int], int] = {}
+    for k in {k for t in totals for k in t}:
+        having = sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k])
+        best[k] = having[0] if pick == "fastest" else having[(len(having) - 1) // 2]
+    points = [p for i, r in enumerate(rounds) for p in r.points if best.get(_pass_key(p)) == i]
+    splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
+    outside = {k: us for i, r in enumerate(rounds) for k, us in r.outside.items() if best.get(("host", *k), 0) == i}
+
+    def fastest(field_of: Any) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for r in rounds:
+            for acc, m in field_of(r).items():
+                if acc not in out or float(m["wall_us"]) < float(out[acc]["wall_us"]):
+                    out[acc] = m
+        return out
+
+    host = min(range(len(rounds)), key=lambda i: sum(us for k, us in totals[i].items() if k[0] == "host"))
+    return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
+                 rounds[0].routing, rounds[host].detached)
+
+
+def context_bounded(splits: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timed splits with each device's share of a pass bounded by its share of the same pass
+    over a longer KV cache (same load and tokens): the longer one runs the same ops on more cells,
+    so a shorter one measured slower ran in one of the machine's slow phases, which the fastest of
+    the calibration's rounds did not escape (QwQ's host decode: 83.7 ms after 32 tokens, 64.8 after
+    510, where the same pass measured 62 ms in one process; bench/results/2026-11-24-vm-handback).
+    Its splits are scaled down to the longer pass's total."""
+    total: dict[tuple[Any, ...], float] = defaultdict(float)
+    for s in splits:
+        total[(s.get("load"), s["device"], int(s["n_tokens"]), int(s["n_past"]))] += float(s["split_us"])
+    scale: dict[tuple[Any, ...], float] = {}
+    for (load, dev, n, past), us in total.items():
+        longer = [v for (l2, d2, n2, p2), v in total.items() if (l2, d2, n2) == (load, dev, n) and p2 > past]
+        if longer and us > 0 and min(longer) < us:
+            scale[(load, dev, n, past)] = min(longer) / us
+    return [({**s, "split_us": float(s["split_us"]) * f} if (f := scale.get(
+        (s.get("load"), s["device"], int(s["n_tokens"]), int(s["n_past"])))) else s) for s in splits]
