@@ -9,6 +9,7 @@ plan's breakdown and its cache key.
 from __future__ import annotations
 
 import json
+import statistics
 from contextlib import closing
 from itertools import islice
 from pathlib import Path
@@ -91,6 +92,36 @@ def test_split_mode_stops_once_per_split(tiny: Path, rpc_server: rpc.RpcServer) 
     # each range starts where the previous one ended (or later: the next split's input copies)
     ends = [r.done_us for r in split if r.done_us >= 0]
     assert ends == sorted(ends)
+
+
+@pytest.mark.parametrize("wide_seconds, runs", [(60.0, 12), (0.0, 3)])
+def test_split_runs_that_spread_widely_are_repeated(wide_seconds: float, runs: int, tiny: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass whose split-mode runs spread widely (here every other one reported twice as slow, as a
+    software GPU's threads sharing the host's cores make them) is run again, up to 4x the repeats,
+    while its runs have taken less than WIDE_SECONDS; then the median of them all is kept."""
+    import oallama.planner.calibrate as cal_mod
+    from oallama.planner.realpass import Run
+
+    real, split_walls = cal_mod.timed_eval, []
+
+    def every_other_slow(llm: Llama, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int],
+                         stops: list[int]) -> Run:
+        r = real(llm, timer, prefix, toks, stops)
+        if stops:  # a split-mode run
+            r = Run(r.wall_us * (2 if len(split_walls) % 2 else 1), r.nodes)
+            split_walls.append(r.wall_us)
+        return r
+
+    monkeypatch.setattr(cal_mod, "timed_eval", every_other_slow)
+    monkeypatch.setattr(cal_mod, "SPLIT_SECONDS", 0.0)  # the repeats alone: 3 split-mode runs
+    monkeypatch.setattr(cal_mod, "WIDE_SECONDS", wide_seconds)
+    with closing(Llama(str(tiny), n_ctx=256, n_batch=32, n_ubatch=32, n_threads=1, verbose=False)) as llm:
+        load = cal_mod._Load(llm, prompt_tokens(llm, 256), 3)
+        load.measure(1, 32)
+    assert len(split_walls) == runs
+    # the kept wall time is the median of every run (ranges stop at split ends only)
+    assert load.walls[(1, 32)] == pytest.approx(statistics.median(split_walls))
 
 
 def test_node_timer_is_closed_with_its_context(tiny: Path) -> None:
@@ -432,3 +463,45 @@ def test_short_calibrations_keep_each_pass_from_its_fastest_round(monkeypatch: p
     times = iter([(5000.0, 300.0)])
     cal_mod.calibrate("m.gguf", [HOST], None, threads=1, progress=False, rounds_s=0.0)
     assert calls == [True]
+
+
+def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a software GPU's load makes a round too long to repeat (lavapipe's MoE round: 82 s), which would
+    # leave the host's passes in the state the machine was in (its host decode 5.9 ms there, 3.5 in
+    # another calibration): the host load alone repeats for the rest of the rounds while it is cheap, its
+    # passes from their fastest round; the accelerator's passes and what a detached load saves come
+    # from the whole round
+    import time as time_mod
+
+    from oallama.planner import calibrate as cal_mod
+
+    host_decode = iter([900.0, 400.0, 200.0, 700.0, 500.0])  # us, per round
+    calls: list[bool] = []
+    host_s = [0.05]  # seconds the host load takes
+
+    def one_round(*args: object, routing: bool = True, host_only: bool = False, **kw: object) -> cal_mod.Round:
+        calls.append(host_only)
+        if not host_only:
+            time_mod.sleep(0.2)  # the accelerator's load: too long for another whole round
+        k = len(calls)
+        loads = [("host", HOST, next(host_decode))] + ([] if host_only else [("accelerator", "Vulkan0", 5000.0)])
+        splits = [{"load": load, "device": dev, "n_tokens": 1, "n_past": 32, "split": 0, "n_ops": 1, "n_views": 0,
+                   "split_us": us, "ops_us": us} for load, dev, us in loads]
+        points = [{"load": load, "device": dev, "n_tokens": 1, "n_past": 32, "split": 0, "op": "ADD",
+                   "weight_type": "", "work": 1.0, "us": us, "round": k} for load, dev, us in loads]
+        return cal_mod.Round(points, splits, {(1, 32): float(k)}, detached={} if host_only else {"V": [1.0, 0.0]},
+                             host_s=host_s[0])
+
+    monkeypatch.setattr(cal_mod, "_measure_round", one_round)
+    monkeypatch.setattr(cal_mod, "fit", lambda points, overheads, *a, **kw: Calibration(
+        {}, 0.0, 0.0, points=list(points), splits=list(a[1]) if len(a) > 1 else []))
+    cal = cal_mod.calibrate("m.gguf", [HOST, "Vulkan0"], None, threads=1, progress=False, max_rounds=5,
+                            rounds_s=0.3)
+    assert calls == [False, True, True, True, True]  # one whole round, then the host load alone
+    assert {(p["load"], p["round"]) for p in cal.points} == {("host", 3), ("accelerator", 1)}
+    assert cal.detached == {"V": [1.0, 0.0]}
+    # a host load that alone would take longer than the rounds' budget is not repeated
+    calls.clear()
+    host_decode, host_s[0] = iter([900.0]), 1.0
+    cal_mod.calibrate("m.gguf", [HOST, "Vulkan0"], None, threads=1, progress=False, max_rounds=5, rounds_s=0.3)
+    assert calls == [False]

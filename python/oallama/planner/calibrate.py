@@ -27,6 +27,9 @@ and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (l
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
 token), from the host load (with an accelerator, reading its results back is the model's copies).
 
+Split-mode runs of a pass that spread more than WIDE_SPREAD (a software GPU's threads sharing the
+host's cores: lavapipe's decode pass 134-273 ms) are repeated, up to 4x, before their median is kept.
+
 Two loads are timed: every layer on the host (op offload off: nothing streams), and every
 layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and two prefill
 sizes (the second, 4x the first, when its passes are cheap; a pass between timed sizes takes
@@ -75,14 +78,17 @@ from .rounds import Round, context_bounded, merge_rounds
 from .routing import Routing
 from .routing import measure as measure_routing
 
-VERSION = 15  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 16  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
 # rounds, each timed pass from the round it ran fastest in; 15: a device's decode split no slower than
-# the same pass over a longer KV cache, `context_bounded`)
+# the same pass over a longer KV cache, `context_bounded`; 16: split-mode runs that spread more than 20%
+# repeated, and the host load alone repeated when whole rounds cannot be)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
+WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
+WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
@@ -221,6 +227,12 @@ def _split_stops(nodes: Sequence[_core.NodeTime]) -> list[int]:
     return [r.index for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
 
 
+def _spread(runs: Sequence[Run]) -> float:
+    """Slowest over fastest wall time of runs of one pass, less 1."""
+    walls = [r.wall_us for r in runs]
+    return max(walls) / max(min(walls), 1e-9) - 1 if walls else 0.0
+
+
 def _span_us(nodes: Sequence[_core.NodeTime]) -> float:
     """Graph time: from the first node's start to the last stop (us)."""
     done = [r.done_us for r in nodes if r.done_us >= 0]
@@ -248,6 +260,11 @@ class _Load:
             # split mode: the same run as without a timer but for the stops; the eval's time
             # outside the graph, paired within each run (so a noisy machine mostly cancels)
             split = [timed_eval(llm, timer, prefix, batch, stops) for _ in range(self._split_reps(runs))]
+            # runs spread widely (a software GPU's threads sharing the host's cores: lavapipe's decode
+            # pass 134-273 ms, median 181, where 3 runs gave 143): more of them before the median is kept
+            while (len(split) < 4 * self.reps and _spread(split) > WIDE_SPREAD
+                   and sum(r.wall_us for r in split) / 1e6 < WIDE_SECONDS):
+                split.append(timed_eval(llm, timer, prefix, batch, stops))
         self.node_runs[(n, n_past)] = runs
         self._splits(n, n_past, runs, split, stops)
         self.outside[(n, n_past)] = statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
@@ -330,6 +347,19 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         spent = time.perf_counter() - t0
         if spent + spent / (k + 1) > rounds_s:  # another round would end past rounds_s
             break
+    # a round too long to repeat (a software GPU's load: lavapipe's MoE round took 82 s) would leave
+    # the host's passes in whatever state the machine was in: the host load alone, when it is cheap,
+    # is repeated for the rest of the rounds (its host decode 5.9 ms in such a round, 3.5 in another)
+    spent_host = 0.0
+    while len(rounds) < max_rounds and rounds[0].host_s > 0 and spent_host + rounds[0].host_s <= rounds_s:
+        if progress:
+            print(f"\rcalibrate: round {len(rounds) + 1}, the host load alone".ljust(100), end="", file=sys.stderr,
+                  flush=True)
+        t1 = time.perf_counter()
+        rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
+                                     op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
+                                     progress=False, routing=False, host_only=True))
+        spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
     cal.detached, cal.stream, cal.scatter = m.detached, m.stream, m.scatter
@@ -342,9 +372,9 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
 
 def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_prefill: int, n_ctx: int,
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
-                   routing: bool = True) -> Round:
+                   routing: bool = True, host_only: bool = False) -> Round:
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
-    which does not change between rounds)."""
+    which does not change between rounds; host_only: the host load's passes alone)."""
     from ..model import gguf_file
     from ..runtime import devices as devmod
     from ..runtime.generate import prompt_tokens
@@ -356,13 +386,15 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     n_prefill = max(1, min(n_prefill, n_ctx // 2))
     n_big = min(BIG_PREFILL * n_prefill, n_ctx // 2)
     loads: list[tuple[str, dict[str, Any]]] = [("host", {"n_gpu_layers": 0, "op_offload": False})]
-    if accs:
+    if accs and not host_only:
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
                                       "op_offload": op_offload}))
     points: list[dict[str, Any]] = []
     splits: list[dict[str, Any]] = []
     host_outside: dict[tuple[int, int], float] = {}
+    host_s = 0.0  # seconds the host load took
     for i, (what, kw) in enumerate(loads):
+        t_load = time.perf_counter()
         if progress:
             print(f"\rcalibrate: real graph, {what} load ({i + 1}/{len(loads)})".ljust(100), end="",
                   file=sys.stderr, flush=True)
@@ -393,6 +425,10 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
                 host_outside = outside.overheads(llm, load.outside, reps)
         finally:
             llm.close()
+        if what == "host":
+            host_s = time.perf_counter() - t_load
+    if host_only:
+        return Round(points, splits, host_outside, host_s=host_s)
     stream: dict[str, dict[str, Any]] = {}
     if accs and op_offload:
         if progress:
@@ -421,7 +457,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
         detached[accs[0].name] = list(_line(outside.detached_us(
             path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
             n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)))
-    return Round(points, splits, host_outside, stream, scatter, routes, detached)
+    return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s)
 
 
 class _Op:

@@ -27,6 +27,7 @@ class Round:
     scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
     routing: Routing | None = None
     detached: dict[str, list[float]] = field(default_factory=dict)
+    host_s: float = 0.0  # seconds its host load took (a round of the host load alone: `calibrate`)
 
 
 def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
@@ -65,7 +66,8 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
                     out[acc] = m
         return out
 
-    host = min(range(len(rounds)), key=lambda i: sum(us for k, us in totals[i].items() if k[0] == "host"))
+    with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
+    host = min(with_detached, key=lambda i: sum(us for k, us in totals[i].items() if k[0] == "host"))
     return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
                  rounds[0].routing, rounds[host].detached)
 
