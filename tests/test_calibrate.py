@@ -477,7 +477,7 @@ def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.Mo
 
     host_decode = iter([900.0, 400.0, 200.0, 700.0, 500.0])  # us, per round
     calls: list[bool] = []
-    host_s = [0.05]  # seconds the host load takes
+    host_s = [0.01]  # seconds the host load takes
 
     def one_round(*args: object, routing: bool = True, host_only: bool = False, **kw: object) -> cal_mod.Round:
         calls.append(host_only)
