@@ -62,6 +62,34 @@ def test_every_block_is_timed_in_both_passes(timed: D.ModelCost) -> None:
     assert set(doc["block_us"]) == {"1", str(N_PROMPT)} and doc["threads"] == 1
 
 
+def test_each_pass_is_kept_from_the_round_it_ran_fastest_in(mid: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The VM's slow phases only add time: the prompt and the decode pass each come from their own
+    fastest round (the median round had caught a slow phase: prompt blocks 53 ms, 41-42 in the
+    others), the blocks with their round's wall time. The real model loads and samples; the
+    passes' timings are scripted per round."""
+    from oallama.cluster import timing
+
+    cost = D.model_cost(mid, (1, N_PROMPT), n_ctx=256)
+    walls = iter([(N_PROMPT, 3000.0), (1, 100.0), (N_PROMPT, 1000.0), (1, 300.0), (N_PROMPT, 2000.0), (1, 200.0)])
+
+    def scripted(llm, timer, tokens, n, n_past, n_blocks):
+        want, wall = next(walls)
+        assert n == want
+        llm.reset()
+        llm.eval(tokens[:n_past + n])  # the logits the sampling after the rounds reads
+        return [wall / (2 * n_blocks)] * n_blocks, wall
+
+    sizes = {"1": 1.0, str(N_PROMPT): 1.0}
+    child = {"flops": {"1": 1e10, str(N_PROMPT): 2e10}, "extra_us": sizes, "bytes": {k: [0, 0] for k in sizes},
+             "link": {"bandwidth_up_Bps": 1e9, "bandwidth_down_Bps": 1e9, "rtt_s": 1e-5}}
+    monkeypatch.setattr(timing, "_time_pass", scripted)
+    monkeypatch.setattr(timing, "_run_child", lambda req: child)
+    t = D.time_blocks(cost, threads=1, n_prompt=N_PROMPT, matmul=MATMUL, progress=False).times
+    assert sum(t.block_us[N_PROMPT]) == pytest.approx(500.0) and sum(t.block_us[1]) == pytest.approx(50.0)
+    sample = t.rest_us[1] - 50.0  # each pass's rest: its wall less its blocks, plus one sampling
+    assert sample > 0 and t.rest_us[N_PROMPT] == pytest.approx(500.0 + sample)
+
+
 def test_a_device_runs_a_block_at_its_matmul_speed(timed: D.ModelCost, one_device: D.Cluster) -> None:
     """block_us x the client's matmul FLOP/s / the device's, + what an rpc-server adds per block:
     twice the FLOP/s, half the block's own time."""
@@ -96,9 +124,17 @@ def test_devices_probed_with_different_matmuls_are_refused(one_device: D.Cluster
 def test_timed_prediction_matches_a_real_run(timed: D.ModelCost, one_device: D.Cluster) -> None:
     """The plan (every block on the loopback rpc-server) predicted from the timed blocks against
     its real TTFT and TPOT, with a tolerance (this VM's speed alone varies 1.4x), and closer to
-    them than the FLOP model's prediction of the same plan."""
+    them than the FLOP model's prediction of the same plan.
+
+    The device is this CPU behind the same kind of loopback rpc-server the calibration timed its
+    matmul through, so it runs at the calibration's matmul speed: a probe of its own, seconds later,
+    caught the VM's slow phase in 2 of 4 runs (1-token matmul 1.33-1.41x slower), which scales both
+    predictions and is not what this test is about (the scaling: the test above). With the device
+    probed and the blocks' median round, one CI run predicted the prompt 1.53x slow, the FLOP model
+    0.74x: further from the run."""
     from oallama.runtime.generate import timed_generate
 
+    one_device = replace(one_device, devices=[replace(one_device.devices[0], flops=dict(timed.times.matmul_flops))])
     opts = D.DistOptions(n_prompt=N_PROMPT, n_gen=16, n_ctx=256)
     plan = D.plan(timed, one_device, opts)
     assert plan.pipeline_devices() == [one_device.devices[0].name]
@@ -118,6 +154,6 @@ def test_timed_prediction_matches_a_real_run(timed: D.ModelCost, one_device: D.C
     flops_only = D.predict(replace(timed, times=None), one_device, plan.assign, opts)
     for what, p, f, m in (("TTFT", pred.ttft_s, flops_only.ttft_s, ttft), ("TPOT", pred.tpot_s, flops_only.tpot_s, tpot)):
         assert 0.6 < p / m < 1.6, (what, p, m)
-        # closer to the run than the FLOP model (here: within 0.77-1.22x of it, the FLOP model 0.46-0.65x,
-        # over 7 runs, 3 of them beside a busy-looping process)
+        # closer to the run than the FLOP model (here: within 0.80-1.12x of it, the FLOP model 0.41-0.62x,
+        # over 9 runs, 3 of them beside a busy-looping process; blocks from their fastest rounds)
         assert abs(p - m) < abs(f - m), (what, p, f, m)

@@ -457,6 +457,7 @@ def test_cli_infeasible_names_the_constraint(tiny_q8: Path, devices_file: Path, 
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "no feasible plan: memory: block 0 needs" in r.stderr
+    assert "time blocks" not in r.stderr  # said before the blocks are timed (memory needs no timing)
 
 
 # --- emulated networks (scripts/netem_scenario.py) -------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import InfeasiblePlanError, PlanError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
 from ..runtime import planfile
@@ -37,7 +37,7 @@ from .problem import (
     read_devices,
     violation,
 )
-from .solver import Solution, solve
+from .solver import Solution, memory_shortfall, solve
 
 STRATEGIES = ("milp", "memory", "equal")  # the MILP, or a baseline split (see problem.baseline)
 
@@ -315,6 +315,9 @@ def plan_model(model: str | Path, cluster: Cluster, opts: DistOptions | None = N
     if time_threads is not None:
         from .timing import calibrate
 
+        short = memory_shortfall(build_problem(cost, cluster, opts))
+        if short is not None:  # before the blocks are timed (seconds to minutes): memory needs no timing
+            raise InfeasiblePlanError(f"no feasible plan: {short}")
         cost = calibrate(cost, threads=time_threads, n_prompt=opts.n_prompt, matmul=cluster.matmul)
     return plan(cost, cluster, opts) if strategy == "milp" else baseline_plan(strategy, cost, cluster, opts)
 

@@ -413,9 +413,11 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
                     progress: Any = None) -> dict[str, Any]:
     """Sustained FLOP/s of a q8_0 matmul at each token count: R recomputes of the stored graph
     sent back to back, then one 4-byte read; (elapsed - round trip) / R per compute; the fastest
-    of compute_repeats such samples. R doubles
-    until the computes outlast both compute_target_s and 20x the link's round-trip jitter, so
-    that the round trip subtracted is noise."""
+    of compute_repeats such samples. R grows until the computes outlast both compute_target_s
+    and 20x the link's round-trip jitter, so that the round trip subtracted is noise: it doubles
+    while the computes take less than a round trip, and is extrapolated to the target from a
+    sample they dominate (from a smaller one the estimate is the round trip's noise: a round trip
+    measured 4x slower than the link then ran took R to 480,000 and a 5-s probe to 95 s)."""
     k, m = opts.matmul_k, opts.matmul_m
     rtt, rtt_jitter = float(link["rtt_s"]), float(link.get("rtt_jitter_s", 0.0))
     target = max(opts.compute_target_s, 20.0 * rtt_jitter)
@@ -430,6 +432,7 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
 
     flops: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
+    computes: dict[str, int] = {}
     try:
         for n in sorted(opts.tokens):
             y, _ = run.run(n)
@@ -438,7 +441,8 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
                 spent = timed(y, reps) - rtt
                 if spent >= target:
                     break
-                reps = max(reps * 2, int(reps * target / max(spent, 1e-6) * 1.2))
+                reps = max(reps * 2, int(reps * target / spent * 1.2)) if spent > rtt else reps * 2
+            computes[str(n)] = reps
             per = [max(timed(y, reps) - rtt, 1e-9) / reps for _ in range(opts.compute_repeats)]
             # the fastest: interference only slows a matmul down (the project's VM ran the same one
             # 1.35x slower for seconds at a time), and the planner scales measured block times by
@@ -451,7 +455,7 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
                          f"{flops[str(n)] / 1e9:.2f} GFLOP/s ({reps} computes per sample)")
     finally:
         run.close()
-    return {"flops": flops, "matmul": {"type": "q8_0", "k": k, "m": m, "seconds": samples}}
+    return {"flops": flops, "matmul": {"type": "q8_0", "k": k, "m": m, "seconds": samples, "computes": computes}}
 
 
 def measure_client(opts: ProbeOptions) -> dict[str, Any]:

@@ -308,12 +308,12 @@ def solve_dp(p: Problem, *, pin_first: bool = True) -> list[int] | None:
     return assign
 
 
-def _diagnose(p: Problem, formulation: str, time_limit_s: float) -> str:
-    """Name the constraint that makes the instance infeasible."""
-    n = p.shape[1]
+def memory_shortfall(p: Problem) -> str | None:
+    """What no placement can fit, from the blocks' and devices' memory alone (None: nothing):
+    checked before anything is timed or solved."""
     mib = 2**20
     biggest = float(p.capacity.max())
-    for j in range(n):
+    for j in range(p.shape[1]):
         if p.memory[j] > biggest:
             return (f"memory: block {j} needs {p.memory[j] / mib:.1f} MiB (weights + KV cache); the largest "
                     f"device offers beta x free = {biggest / mib:.1f} MiB")
@@ -324,6 +324,16 @@ def _diagnose(p: Problem, formulation: str, time_limit_s: float) -> str:
         return (f"memory: the blocks need {p.memory.sum() / mib:.1f} MiB (weights + KV cache), the devices "
                 f"offer {p.capacity.sum() / mib:.1f} MiB in all (beta x free); add devices, lower n_ctx, or "
                 f"raise beta")
+    return None
+
+
+def _diagnose(p: Problem, formulation: str, time_limit_s: float) -> str:
+    """Name the constraint that makes the instance infeasible."""
+    n = p.shape[1]
+    mib = 2**20
+    short = memory_shortfall(p)
+    if short is not None:
+        return short
     infeasible = _highspy().HighsModelStatus.kInfeasible
     if p.contiguous:
         lp, _, _ = _build(p, formulation, contiguous=False, pin_first=True)
