@@ -186,7 +186,8 @@ def test_ab_replays_a_cell_in_one_process(smoke: dict[str, Any], tmp_path: Path)
 
 def test_median_round_by_hand() -> None:
     def doc(rnd: int, e2e: list[float]) -> dict[str, Any]:
-        return {"id": "c", "round": rnd, "samples": {"e2e_ms": e2e, "ttft_ms": e2e, "tpot_ms": []}}
+        return {"id": "c", "round": rnd, "samples": {"e2e_ms": e2e, "ttft_ms": e2e, "tpot_ms": []},
+                "profile_key": f"p{rnd}", "plan": {"predicted": {"e2e_ms": 100.0 * rnd}}}
 
     one = doc(1, [5.0])
     assert bench_report.median_round([one]) is one
@@ -194,6 +195,9 @@ def test_median_round_by_hand() -> None:
     got = bench_report.median_round(three)
     assert got["round"] == 3 and got["rounds"] == 3 and got["round_e2e_ms"] == [12.0, 9.0, 10.0]
     assert [r["e2e_ms"] for r in got["round_medians"]] == [12.0, 9.0, 10.0]
+    # each round with its own plan's prediction and profile (--reprofile costs every round anew)
+    assert [(r["predicted_e2e_ms"], r["profile_key"]) for r in got["round_medians"]] == [
+        (100.0, "p1"), (200.0, "p2"), (300.0, "p3")]
     assert bench_report.median_round(three[:2])["round"] == 2  # of two, the faster
 
 

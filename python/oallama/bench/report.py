@@ -132,7 +132,8 @@ def _spread(medians: Sequence[float]) -> float | None:
 def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's finished rounds -> the raw result its records report: the round whose
     median e2e is the rounds' median (the faster middle one of an even number), with `rounds`,
-    every round's median e2e (`round_e2e_ms`, by round) and its medians (`round_medians`)."""
+    every round's median e2e (`round_e2e_ms`, by round) and its medians (`round_medians`, each
+    with its own plan's prediction and profile: `--reprofile` costs every round anew)."""
     if len(docs) == 1:
         return docs[0]
     by_round = sorted(docs, key=lambda d: int(d.get("round", 1)))
@@ -140,7 +141,9 @@ def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[(len(medians) - 1) // 2]]
     every = [{"round": int(d.get("round", 1)), **{m: statistics.median(d["samples"][m]) if d["samples"][m] else None
                                                    for m in ROUND_METRICS}, "load_avg_start": d.get("load_avg_start"),
-              "finished": d.get("finished")} for d in by_round]
+              "finished": d.get("finished"), "profile_key": d.get("profile_key"),
+              **{f"predicted_{m}": ((d.get("plan") or {}).get("predicted") or {}).get(m) for m in ROUND_METRICS}}
+             for d in by_round]
     return {**best, "rounds": len(docs), "round_e2e_ms": medians, "round_medians": every}
 
 
@@ -240,19 +243,19 @@ def write_outputs(out_dir: Path, *, plots: bool = True) -> dict[str, Path]:
 
 def write_rounds(path: Path, ok: Sequence[dict[str, Any]]) -> Path:
     """rounds.csv: every round of every configuration measured in several (`--rounds`): its
-    medians, and whether the records report it (`kept`: the median round by e2e)."""
+    medians, its own plan's prediction and profile, and whether the records report it (`kept`:
+    the median round by e2e)."""
     cols = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "round", "kept",
-            *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "load_avg_start", "finished"]
+            *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "profile_key", "load_avg_start", "finished"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for raw in sorted(ok, key=lambda r: r["id"]):
-            c, pred = raw["config"], raw["plan"]["predicted"]
+            c = raw["config"]
             for rd in raw.get("round_medians") or []:
                 row = {"config_id": raw["id"], "model": c["model_name"], "strategy": c["strategy"],
                        "op_offload": c["op_offload"], "budget": c["budget"], "prompt": c["prompt"], "gen": c["gen"],
-                       **rd, "kept": rd["round"] == int(raw.get("round", 1)),
-                       **{f"predicted_{m}": pred[m] for m in ROUND_METRICS}}
+                       **rd, "kept": rd["round"] == int(raw.get("round", 1))}
                 w.writerow({k: ("" if row.get(k) is None else row[k]) for k in cols})
     return path
 
