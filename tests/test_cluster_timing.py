@@ -131,7 +131,7 @@ def test_timed_prediction_matches_a_real_run(timed: D.ModelCost, one_device: D.C
     caught the VM's slow phase in 2 of 4 runs (1-token matmul 1.33-1.41x slower), which scales both
     predictions and is not what this test is about (the scaling: the test above). With the device
     probed and the blocks' median round, one CI run predicted the prompt 1.53x slow, the FLOP model
-    0.74x: further from the run."""
+    0.74x: further from the run (`bench/results/2026-11-24-vm-ci-timing/`)."""
     from oallama.runtime.generate import timed_generate
 
     one_device = replace(one_device, devices=[replace(one_device.devices[0], flops=dict(timed.times.matmul_flops))])

@@ -17,7 +17,8 @@ prompt of n_prompt tokens, then 1-token decodes after it):
 The CPU passes are timed in ROUNDS rounds seconds apart and each pass kept from the round it ran
 fastest in, as the single-machine calibration keeps them (`planner.rounds`): the project's VM runs
 1.4x slower for seconds at a time and its noise only adds time; the median round had caught the
-slow phase in one of four calibrations of the `mid` model (prompt blocks 53 ms, 41-42 in the others). Running the
+slow phase in two of four calibrations of the `mid` model (prompt blocks 53 ms, 41-42 in the others:
+`bench/results/2026-11-24-vm-ci-timing/`). Running the
 blocks on an rpc-server costs more than their time, the link's latency and the activations'
 transfers (the graph sent, the inputs set: +45 us a block in decode for the `mid` model on this
 VM's loopback): a child process times runs of passes with every block on a loopback rpc-server
