@@ -85,6 +85,12 @@ def main() -> int:
         old = sorted(_err(r[4], r[3], k) for r in rows)
         new = sorted(_err(r[5], r[3], k) for r in rows)
         print(f"| {k} | {statistics.median(old):.1%} | {statistics.median(new):.1%} | {_p90(old):.1%} | {_p90(new):.1%} |")
+    print("\nPer model, median error recorded -> now (TTFT, TPOT, e2e):\n")
+    for model in sorted({r[0] for r in rows}):
+        rs = [r for r in rows if r[0] == model]
+        print(f"- {model} ({len(rs)}): " + ", ".join(
+            f"{statistics.median(_err(r[4], r[3], k) for r in rs):.1%} -> {statistics.median(_err(r[5], r[3], k) for r in rs):.1%}"
+            for k in METRICS))
     print("\nLargest changes of the end-to-end error (measured / recorded prediction / now, ms):\n")
     ch = sorted(rows, key=lambda r: _err(r[5], r[3], "e2e_ms") - _err(r[4], r[3], "e2e_ms"))
     for model, strategy, budget, meas, old, new in ch[:5] + ch[-5:]:

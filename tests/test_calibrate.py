@@ -180,6 +180,40 @@ def test_each_pass_size_is_anchored_to_its_own_splits() -> None:
                                  ).devices["RPC"].anchors == dc.anchors
 
 
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+def test_a_pass_timed_mostly_as_round_trips_keeps_its_matmuls_at_their_one_op_time() -> None:
+    """qwen3moe-small's committed calibration (`bench/results/2026-11-24-vm-method16/`): on the
+    loopback rpc-server its decode ops timed one by one took 18x the pass, so the nodes' times after
+    the round trip were noise, and anchoring all of them to the pass put the 151936-row output matmul
+    at 0.27x its one-op time (0.42 ms; 1.6 ms alone, 1.8 ms on the host), which made `optimal` move it
+    there. Refitted: the rpc-server's decode matmuls are at their one-op time, the pass still sums to
+    its measured split, and the host (timed node by node at ~1x) keeps one factor for all its ops."""
+    from oallama.planner.calibrate import MATMUL_OPS, _profile_us
+
+    pf = RESULTS / "2026-11-24-vm-method16" / "profiles" / "a533f2883910fb36.json"
+    prof = Profile.from_json(json.loads(pf.read_text()), pf)
+    old = prof.calibration
+    assert old is not None
+    cal = fit(old.points, [], prof, old.splits, old.routing)
+    rpc_dev = next(d for d in cal.devices if d.startswith("RPC"))
+    dc = cal.devices[rpc_dev]
+    assert dc.scale_for(1) == pytest.approx(1.0) and 1 in dc.mm_anchors
+    assert cal.devices["CPU"].mm_anchors == {}
+    # the decode splits on the rpc-server (after 32 and 510 tokens): their nodes' costs still sum to their
+    # measured times
+    key = ("load", "n_tokens", "n_past", "split")
+    splits = {tuple(s[k] for k in key): s["split_us"] for s in context_bounded(cal.splits)  # as the fit takes them
+              if s["device"] == rpc_dev and s["n_tokens"] == 1}
+    assert len(splits) == 2
+    view_us = statistics.median(p["us"] for p in cal.points if p["device"] == rpc_dev and p["op"] in VIEW_OPS)
+    modelled = sum(_profile_us(prof, rpc_dev, p, cal.routing) * dc.scale_for(1)
+                   if p["weight_type"] and p["op"] in MATMUL_OPS else dc.node_time_us(p["op"], p["work"], 1)
+                   for p in cal.points if p["device"] == rpc_dev and tuple(p[k] for k in key) in splits)
+    assert modelled == pytest.approx(sum(splits.values()) - 2 * view_us, rel=1e-6)
+
+
 def test_a_decode_pass_is_no_slower_than_over_a_longer_cache() -> None:
     """The same decode pass timed after 32 and after 510 tokens: the longer runs the same ops on more
     KV cells, so a shorter one measured slower (QwQ's host: 83.7 against 64.8 ms, a slow phase of the

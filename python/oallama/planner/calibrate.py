@@ -21,7 +21,12 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
                      fix its own total (a pass of another size: the factors of the timed sizes
                      around it, interpolated on log tokens); a decode split timed slower than
                      the same pass over a longer KV cache ran in a slow phase of the machine and
-                     is bounded by it first (`context_bounded`);
+                     is bounded by it first (`context_bounded`); and where a pass size's nodes
+                     timed one by one took SYNC_BOUND x the pass run whole (a small model on a
+                     loopback rpc-server: 16-34x), its weight matmuls keep their one-op time and
+                     only the other ops are anchored (`mm_anchors`): there the nodes' times are the
+                     round trip's noise, and scaling the matmuls with them priced a 1.6-ms output
+                     matmul at 0.4 ms;
 
 and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
@@ -78,19 +83,22 @@ from .rounds import Round, context_bounded, merge_rounds
 from .routing import Routing
 from .routing import measure as measure_routing
 
-VERSION = 16  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 17  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
 # rounds, each timed pass from the round it ran fastest in; 15: a device's decode split no slower than
 # the same pass over a longer KV cache, `context_bounded`; 16: split-mode runs that spread more than 20%
-# repeated, and the host load alone repeated when whole rounds cannot be)
+# repeated, and the host load alone repeated when whole rounds cannot be; 17: a pass size whose nodes timed
+# one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
+SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run whole beyond which its node times are
+# mostly synchronisation (its weight matmuls then at their one-op time, `_anchored`; an H100's passes: 1.6-3.2)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
 
@@ -133,6 +141,20 @@ class OpFit:
         return OpFit(a, b, len(points), err)
 
 
+def _interpolated(by_size: dict[int, float], n_tokens: int | None) -> float:
+    """A per-pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a log
+    scale of tokens; beyond them, the nearest one's; 1 with none."""
+    if n_tokens is None or not by_size:
+        return 1.0
+    sizes = sorted(by_size)
+    if n_tokens <= sizes[0] or n_tokens >= sizes[-1]:
+        return by_size[sizes[0] if n_tokens <= sizes[0] else sizes[-1]]
+    hi = next(n for n in sizes if n >= n_tokens)
+    lo = max(n for n in sizes if n < n_tokens)
+    t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return by_size[lo] + t * (by_size[hi] - by_size[lo])
+
+
 @dataclass
 class DeviceCalibration:
     node_overhead_us: float  # us added by timing one node alone
@@ -141,23 +163,18 @@ class DeviceCalibration:
     n_matmuls: int = 0
     anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
     anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
+    # n_tokens -> the weight matmuls' own factor where it is not `anchors`' (a pass size whose node-by-node
+    # times were mostly synchronisation: its matmuls at their one-op time, `_anchored`)
+    mm_anchors: dict[int, float] = field(default_factory=dict)
 
     def factor(self, n_tokens: int | None) -> float:
         """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
         log scale of tokens; beyond them, the nearest one's."""
-        if n_tokens is None or not self.anchors:
-            return 1.0
-        sizes = sorted(self.anchors)
-        if n_tokens <= sizes[0] or n_tokens >= sizes[-1]:
-            return self.anchors[sizes[0] if n_tokens <= sizes[0] else sizes[-1]]
-        hi = next(n for n in sizes if n >= n_tokens)
-        lo = max(n for n in sizes if n < n_tokens)
-        t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
-        return self.anchors[lo] + t * (self.anchors[hi] - self.anchors[lo])
+        return _interpolated(self.anchors, n_tokens)
 
     def scale_for(self, n_tokens: int | None) -> float:
         """Real-graph / profile time of weight matmuls in a pass of n_tokens."""
-        return self.matmul_scale * self.factor(n_tokens)
+        return self.matmul_scale * _interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
 
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
@@ -204,7 +221,8 @@ class Calibration:
     def from_json(doc: dict[str, Any]) -> Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
                                      v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
-                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
+                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
+                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
@@ -552,12 +570,17 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
     modelled: dict[tuple, float] = defaultdict(float)
+    mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
+    mm_by_n_scaled: dict[int, float] = defaultdict(float)  # ... times the matmul scale (in `modelled`)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
             continue
         if p["weight_type"] and p["op"] in MATMUL_OPS:
-            modelled[k] += _profile_us(profile, dev, p, routing) * dc.matmul_scale
+            t = _profile_us(profile, dev, p, routing)
+            modelled[k] += t * dc.matmul_scale
+            mm_by_n[int(k[1])] += t
+            mm_by_n_scaled[int(k[1])] += t * dc.matmul_scale
         else:
             modelled[k] += dc.node_time_us(p["op"], p["work"])
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
@@ -572,7 +595,26 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         by_n[int(k[1])][0] += max(measured[k], 0.0)
         by_n[int(k[1])][1] += v * r
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
+    # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
+    # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
+    # node's time after the overhead h is the round trip's noise, and the shares it gives are noise too
+    # (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
+    # its decode ops together were anchored to the pass). There the weight matmuls keep their one-op
+    # time, which the profile measures apart from the round trip, and the other ops take the rest.
+    mm_anchors: dict[int, float] = {}
+    node_mode: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in splits:
+        node_mode[int(s["n_tokens"])][0] += s["ops_us"]
+        node_mode[int(s["n_tokens"])][1] += s["split_us"]
+    for n, (m, _) in by_n.items():
+        timed, whole = node_mode.get(n, (0.0, 0.0))
+        mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
+        rest = (by_n[n][1] - mm_by_n_scaled.get(n, 0.0) * r)  # the other ops, globally scaled
+        if whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
+            continue
+        anchors[n] = (m - mm) / rest
+        mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors)
 
 
 def _line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
