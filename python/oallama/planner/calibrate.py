@@ -571,7 +571,6 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
     modelled: dict[tuple, float] = defaultdict(float)
     mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
-    mm_by_n_scaled: dict[int, float] = defaultdict(float)  # ... times the matmul scale (in `modelled`)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
@@ -580,7 +579,6 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
             t = _profile_us(profile, dev, p, routing)
             modelled[k] += t * dc.matmul_scale
             mm_by_n[int(k[1])] += t
-            mm_by_n_scaled[int(k[1])] += t * dc.matmul_scale
         else:
             modelled[k] += dc.node_time_us(p["op"], p["work"])
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
@@ -609,7 +607,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     for n, (m, _) in by_n.items():
         timed, whole = node_mode.get(n, (0.0, 0.0))
         mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
-        rest = (by_n[n][1] - mm_by_n_scaled.get(n, 0.0) * r)  # the other ops, globally scaled
+        rest = by_n[n][1] - mm * dc.matmul_scale * r  # the other ops, globally scaled
         if whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
             continue
         anchors[n] = (m - mm) / rest
