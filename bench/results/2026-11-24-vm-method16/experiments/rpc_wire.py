@@ -72,7 +72,8 @@ def main() -> int:
         label = f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
         print(f"{label} ({cid}), per 1-token pass:")
         for name, k in cmds.most_common():
-            line = f"  {name}: {k / N / 2:.1f}, payload median {statistics.median(payload[name]):.0f} B"
+            line = (f"  {name}: {k / N / 2:.1f}, payload median {statistics.median(payload[name]):.0f} B "
+                    f"({min(payload[name])}-{max(payload[name])})")
             if served.get(name):
                 line += f"; graph in -> result out on the server, median {statistics.median(served[name]):.0f} us"
             print(line)
