@@ -5,7 +5,8 @@ configuration's plan is costed again, and the errors against the committed measu
 printed beside the ones the bench recorded. No model runs; a loopback rpc-server is started only
 to stand in for the accelerator (the plans' own rpc-servers are gone).
 
-    python scripts/repredict.py bench/results/<dir>      (configurations on an rpc-server)
+    python scripts/repredict.py bench/results/<dir> [--cells]   (configurations on an rpc-server;
+                                                                --cells: each cell's measured and predicted)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from oallama.planner import plan as planmod
-from oallama.planner.calibrate import fit
+from oallama.planner.calfit import fit
 from oallama.planner.profile import Profile
 from oallama.planner.schedmodel import NEVER, Placement
 from oallama.runtime import rpc
@@ -61,9 +62,12 @@ def _p90(v: list[float]) -> float:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    cells = "--cells" in args
+    args = [a for a in args if a != "--cells"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    d = Path(sys.argv[1])
+    d = Path(args[0])
     rows: list[tuple[str, str, str, dict[str, float], dict[str, float], dict[str, float]]] = []
     with rpc.start_server(threads=1) as srv:
         ctxs: dict[tuple[Any, ...], planmod.PlanContext] = {}
@@ -97,7 +101,21 @@ def main() -> int:
         print(f"- {model} {strategy} @{budget}: e2e {meas['e2e_ms']:.0f} / {old['e2e_ms']:.0f} / {new['e2e_ms']:.0f}; "
               f"TTFT {meas['ttft_ms']:.0f} / {old['ttft_ms']:.0f} / {new['ttft_ms']:.0f}; "
               f"TPOT {meas['tpot_ms']:.1f} / {old['tpot_ms']:.1f} / {new['tpot_ms']:.1f}")
+    if cells:
+        _print_cells(rows)
     return 0
+
+
+def _print_cells(rows: list[tuple[str, str, str, dict[str, float], dict[str, float], dict[str, float]]]) -> None:
+    """Per model, strategy and budget: the median over its measurements of TTFT / TPOT (ms), the
+    recorded prediction and this checkout's."""
+    print("\n| model | strategy | budget | n | TTFT measured / recorded / now | TPOT measured / recorded / now |\n"
+          "|---|---|---|---|---|---|")
+    for key in sorted({r[:3] for r in rows}):
+        rs = [r for r in rows if r[:3] == key]
+        med = [{k: statistics.median(r[i][k] for r in rs) for k in METRICS} for i in (3, 4, 5)]
+        print(f"| {' | '.join(key)} | {len(rs)} | " + " | ".join(
+            " / ".join(f"{m[k]:.{1 if k == 'tpot_ms' else 0}f}" for m in med) for k in ("ttft_ms", "tpot_ms")) + " |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner import chaindp, optimal
-from oallama.planner.calibrate import DeviceCalibration, OpFit
+from oallama.planner.calfit import DeviceCalibration, OpFit
 from oallama.planner.plan import (
     STRATEGIES,
     Workload,

@@ -13,6 +13,9 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
                      that device (work = multiply-adds of an activation x activation matmul,
                      else bytes read + written; see `work`);
   matmul_scale       real-graph / profile compute time of the weight matmuls (ratio of sums);
+  mm_shares          and each matmul shape's share of it per pass size, where the shape's node times
+                     stand clear of the noise of timing a node alone (mmshares.py: the one-op
+                     profile's error depends on the shape, 0.6-1.1x for one 8B's decode matmuls);
   anchor             both scaled so that the timed splits' nodes sum to the splits' measured
                      times (node-by-node times give the shares, whole splits the totals);
   anchors            and then per pass size (tokens): where a node's time alone is mostly its
@@ -52,26 +55,23 @@ H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 `context.split_cost`). A mixture of experts' routing is recorded in one prompt pass on the host (how
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
 routing.py). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+This module measures; the fits are calfit.py's, each weight matmul shape's share mmshares.py's.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import _core
 from ..errors import OallamaError, ProfileError
 from . import outside
-from .graph import node_layer
+from .calfit import Calibration, fit, line, work
 from .realpass import (
-    MATMUL_OPS,
     VIEW_OPS,
     Run,
     layers_that_fit,
@@ -79,162 +79,25 @@ from .realpass import (
     measure_stream,
     timed_eval,
 )
-from .rounds import Round, context_bounded, merge_rounds
-from .routing import Routing
+from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 17  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 18  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
 # rounds, each timed pass from the round it ran fastest in; 15: a device's decode split no slower than
 # the same pass over a longer KV cache, `context_bounded`; 16: split-mode runs that spread more than 20%
 # repeated, and the host load alone repeated when whole rounds cannot be; 17: a pass size whose nodes timed
-# one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND)
+# one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND; 18: each
+# weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
-SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run whole beyond which its node times are
-# mostly synchronisation (its weight matmuls then at their one-op time, `_anchored`; an H100's passes: 1.6-3.2)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
-
-
-def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
-    """What a non-weight op's time grows with: multiply-adds for a matmul of two activations
-    (KQ, KQV: K = src0's row length), else bytes read + written."""
-    if op in MATMUL_OPS and src_ne:
-        return float(src_ne[0][0]) * math.prod(ne)
-    return float(nbytes + src_bytes)
-
-
-@dataclass
-class OpFit:
-    """us = a_us + b_us * work, fitted on n nodes (max relative residual kept for the record)."""
-
-    a_us: float
-    b_us: float
-    n: int
-    max_rel_err: float = 0.0
-
-    def time_us(self, w: float) -> float:
-        return self.a_us + self.b_us * w
-
-    @staticmethod
-    def fit(points: Sequence[tuple[float, float]]) -> OpFit:
-        """Least squares with a >= 0, b >= 0 (points: (work, us))."""
-        xs = [x for x, _ in points]
-        ys = [y for _, y in points]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        var = sum((x - mx) ** 2 for x in xs)
-        b = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
-        if b < 0:
-            b = 0.0
-        a = my - b * mx
-        if a < 0:  # through the origin
-            a = 0.0
-            sxx = sum(x * x for x in xs)
-            b = sum(x * y for x, y in points) / sxx if sxx > 0 else 0.0
-        err = max((abs(a + b * x - y) / y for x, y in points if y > 0), default=0.0)
-        return OpFit(a, b, len(points), err)
-
-
-def _interpolated(by_size: dict[int, float], n_tokens: int | None) -> float:
-    """A per-pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a log
-    scale of tokens; beyond them, the nearest one's; 1 with none."""
-    if n_tokens is None or not by_size:
-        return 1.0
-    sizes = sorted(by_size)
-    if n_tokens <= sizes[0] or n_tokens >= sizes[-1]:
-        return by_size[sizes[0] if n_tokens <= sizes[0] else sizes[-1]]
-    hi = next(n for n in sizes if n >= n_tokens)
-    lo = max(n for n in sizes if n < n_tokens)
-    t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return by_size[lo] + t * (by_size[hi] - by_size[lo])
-
-
-@dataclass
-class DeviceCalibration:
-    node_overhead_us: float  # us added by timing one node alone
-    ops: dict[str, OpFit]  # non-weight op -> fit; "*" fits all of them together (fallback)
-    matmul_scale: float  # real-graph / profile time of weight matmuls (ratio of sums; 1.0 if none seen)
-    n_matmuls: int = 0
-    anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
-    anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
-    # n_tokens -> the weight matmuls' own factor where it is not `anchors`' (a pass size whose node-by-node
-    # times were mostly synchronisation: its matmuls at their one-op time, `_anchored`)
-    mm_anchors: dict[int, float] = field(default_factory=dict)
-
-    def factor(self, n_tokens: int | None) -> float:
-        """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
-        log scale of tokens; beyond them, the nearest one's."""
-        return _interpolated(self.anchors, n_tokens)
-
-    def scale_for(self, n_tokens: int | None) -> float:
-        """Real-graph / profile time of weight matmuls in a pass of n_tokens."""
-        return self.matmul_scale * _interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
-
-    def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
-        if op in VIEW_OPS:
-            return 0.0
-        f = self.ops.get(op) or self.ops.get("*")
-        return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
-
-
-@dataclass
-class Calibration:
-    devices: dict[str, DeviceCalibration]
-    pass_a_us: float  # us per prompt pass outside the graph
-    pass_b_us: float  # us per token of a prompt pass outside the graph
-    elapsed_s: float = 0.0
-    points: list[dict[str, Any]] = field(default_factory=list)  # the measurements the fits come from
-    splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
-    # accelerator -> a decode pass with every host weight streamed to it (`realpass.measure_stream`)
-    stream: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # accelerator -> a decode pass with the weights scattered over host and accelerator (`realpass.measure_scatter`)
-    scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
-    routing: Routing | None = None  # a mixture of experts' routing in a real pass (routing.py)
-    # accelerator -> (a, b): us = a + b * n_tokens a pass that runs nothing on it saves when the runtime
-    # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
-    detached: dict[str, list[float]] = field(default_factory=dict)
-    # us outside the graph of a 1-token pass, which reuses the previous decode pass's graph (a prompt
-    # pass builds its own: 0.6-1.3 ms at 8-128 tokens against 0.3 ms for a small MoE's decode);
-    # None in a profile of method <= 12, whose one line ran through both
-    decode_us: float | None = None
-
-    def pass_overhead_us(self, n_tokens: int) -> float:
-        if n_tokens == 1 and self.decode_us is not None:
-            return self.decode_us
-        return self.pass_a_us + self.pass_b_us * n_tokens
-
-    def detached_us(self, acc: str | None, n_tokens: int) -> float:
-        """What a pass running nothing on `acc` saves when the runtime loads without it (us)."""
-        a, b = self.detached.get(acc or "", (0.0, 0.0))
-        return a + b * n_tokens
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "routing": self.routing.to_json() if self.routing is not None else None}
-
-    @staticmethod
-    def from_json(doc: dict[str, Any]) -> Calibration:
-        devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
-                                     v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
-                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
-                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()})
-                for d, v in doc["devices"].items()}
-        return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
-                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
-                           Routing.from_json(doc["routing"]) if doc.get("routing") else None,
-                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"))
-
-    def renamed(self, ren: dict[str, str]) -> Calibration:
-        return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
-                           self.elapsed_s, self.points, self.splits,
-                           {ren.get(k, k): v for k, v in self.stream.items()},
-                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
-                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us)
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -472,152 +335,8 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     if accs and accs[0].kind == "rpc":  # the runtime loads a placement that uses no rpc-server without it
         if progress:
             print("\rcalibrate: host load without the accelerator".ljust(100), end="", file=sys.stderr, flush=True)
-        detached[accs[0].name] = list(_line(outside.detached_us(
+        detached[accs[0].name] = list(line(outside.detached_us(
             path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
             n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)))
     return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s)
 
-
-class _Op:
-    """The profile lookup's view of a timed weight matmul (op, weight type, shape, columns)."""
-
-    def __init__(self, p: dict[str, Any]) -> None:
-        self.op = p["op"]
-        self.weight_type = p["weight_type"]
-        shape = list(p["src0_ne"])
-        while len(shape) > 2 and shape[-1] == 1:
-            shape.pop()
-        self.weight_shape = tuple(shape)
-        self.n_tokens = p.get("cols", p["n_tokens"])
-        self.n_expert_used = int(p.get("n_expert_used", 0))
-        self.layer = node_layer(p.get("name", ""))
-
-
-def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
-    """What timing an op alone adds on a device (us). A split run at once costs one launch
-    (about a view's time alone, `view_us`) plus its ops' compute; run node by node each op
-    also pays this overhead:  sum(op times alone) - (split time - view_us) = n_ops * h."""
-    n_ops = sum(s["n_ops"] for s in splits)
-    if n_ops == 0:
-        return view_us
-    extra = sum(s["ops_us"] - (s["split_us"] - view_us) for s in splits)
-    return max(extra / n_ops, view_us)
-
-
-def _profile_us(profile: Any, dev: str, p: dict[str, Any], routing: Routing | None = None) -> float:
-    """The one-op profile's compute time of a timed weight matmul (0 when it has none); of a
-    MUL_MAT_ID at the distinct experts the recorded routing touches, as the pass model costs it."""
-    op = _Op(p)
-    act = None
-    if routing is not None and op.op == "MUL_MAT_ID" and len(op.weight_shape) == 3:
-        act = routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
-    try:
-        return float(profile.compute_us(dev, op, active=act)) if profile is not None else 0.0
-    except ProfileError:
-        return 0.0
-
-
-def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
-        splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None) -> Calibration:
-    """The calibration's fits from its measurements (see the module docstring).
-
-    Node-mode times give each node's share; split-mode times, taken without synchronising inside
-    a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
-    split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
-    the totals, only the shares."""
-    raw_splits, splits = list(splits), context_bounded(splits)
-    by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for p in points:
-        by_dev[p["device"]].append(p)
-    devs: dict[str, DeviceCalibration] = {}
-    for dev, pts in by_dev.items():
-        views = [p["us"] for p in pts if p["op"] in VIEW_OPS]
-        view_us = statistics.median(views) if views else 0.0
-        ops_us = sorted(p["us"] for p in pts if p["op"] not in VIEW_OPS)
-        dev_splits = [s for s in splits if s["device"] == dev]
-        # at most the 10th percentile of the ops' times alone: no op computes in less than nothing
-        h = min(node_overhead_us(view_us, dev_splits), ops_us[len(ops_us) // 10] if ops_us else view_us)
-        per_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        real = prof = 0.0
-        n_mm = 0
-        for p in pts:
-            if p["op"] in VIEW_OPS:
-                continue
-            us = max(p["us"] - h, 0.0)
-            if p["weight_type"] and p["op"] in MATMUL_OPS:
-                t = _profile_us(profile, dev, p, routing)
-                if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
-                    real, prof, n_mm = real + us, prof + t, n_mm + 1
-                continue
-            per_op[p["op"]].append((p["work"], us))
-            per_op["*"].append((p["work"], us))
-        dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
-                               n_mm)
-        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
-    # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
-    # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
-    # included, where 32- and 128-token passes timed give 2.0 ms; bench/results/2026-11-23-vm-method14)
-    decode = [us for n, us in overheads if n == 1]
-    prompt = [(n, us) for n, us in overheads if n > 1]
-    a, b = _line(prompt or overheads)
-    return Calibration(devs, a, b, points=list(points), splits=raw_splits, routing=routing,
-                       decode_us=statistics.median(decode) if decode and prompt else None)
-
-
-def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
-              view_us: float, profile: Any, routing: Routing | None = None) -> DeviceCalibration:
-    """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
-    key = ("load", "n_tokens", "n_past", "split")
-    measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
-    modelled: dict[tuple, float] = defaultdict(float)
-    mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
-    for p in pts:
-        k = tuple(p.get(f) for f in key)
-        if k not in measured or p["op"] in VIEW_OPS:
-            continue
-        if p["weight_type"] and p["op"] in MATMUL_OPS:
-            t = _profile_us(profile, dev, p, routing)
-            modelled[k] += t * dc.matmul_scale
-            mm_by_n[int(k[1])] += t
-        else:
-            modelled[k] += dc.node_time_us(p["op"], p["work"])
-    total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
-    total_f = sum(modelled.values())
-    if total_m <= 0 or total_f <= 0:
-        return dc
-    r = total_m / total_f
-    ops = {op: OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
-    # then per pass size: its splits' measured total over its (globally scaled) modelled total
-    by_n: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for k, v in modelled.items():
-        by_n[int(k[1])][0] += max(measured[k], 0.0)
-        by_n[int(k[1])][1] += v * r
-    anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
-    # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
-    # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
-    # node's time after the overhead h is the round trip's noise, and the shares it gives are noise too
-    # (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
-    # its decode ops together were anchored to the pass). There the weight matmuls keep their one-op
-    # time, which the profile measures apart from the round trip, and the other ops take the rest.
-    mm_anchors: dict[int, float] = {}
-    node_mode: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for s in splits:
-        node_mode[int(s["n_tokens"])][0] += s["ops_us"]
-        node_mode[int(s["n_tokens"])][1] += s["split_us"]
-    for n, (m, _) in by_n.items():
-        timed, whole = node_mode.get(n, (0.0, 0.0))
-        mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
-        rest = by_n[n][1] - mm * dc.matmul_scale * r  # the other ops, globally scaled
-        if whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
-            continue
-        anchors[n] = (m - mm) / rest
-        mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors)
-
-
-def _line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """us = a + b * n through (n, us) points, a, b >= 0 (a single size: all of it per pass)."""
-    if not pts:
-        return 0.0, 0.0
-    f = OpFit.fit([(float(n), max(us, 0.0)) for n, us in pts])
-    return f.a_us, f.b_us

@@ -42,8 +42,9 @@ from ..errors import ProfileError
 from ..options import add_arguments, from_args, option
 from ..runtime import devices as devmod
 from ..runtime import rpc as rpcmod
+from .calfit import Calibration
 from .calibrate import VERSION as CALIBRATION_VERSION
-from .calibrate import Calibration, calibrate
+from .calibrate import calibrate
 from .graph import Inventory, TargetOp, inventory
 from .routing import fingerprint as routing_fingerprint
 from .routing import measure as measure_routing

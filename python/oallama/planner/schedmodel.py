@@ -49,8 +49,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
-from .calibrate import Calibration, work
+from .calfit import Calibration, work
 from .graph import Graph, Node, layer_of, node_layer
+from .mmshares import class_key
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 from .routing import Routing
 
@@ -218,10 +219,11 @@ class PassModel:
         if profile is not None:
             from .graph import target_ops
 
-            scale = {d: (cal.devices[d].scale_for(self.n_tokens) if cal is not None and d in cal.devices else 1.0)
-                     for d in (HOST, acc) if d}
             for op in target_ops(graph):
                 self.targets.add(op.index)
+                key = class_key(op.op, op.weight_type, op.weight_shape)
+                scale = {d: (cal.devices[d].scale_for(self.n_tokens, key) if cal is not None and d in cal.devices
+                             else 1.0) for d in (HOST, acc) if d}
                 # a MUL_MAT_ID at the distinct experts the recorded routing touches at this size
                 act = (routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
                        if routing is not None and op.op == "MUL_MAT_ID" else None)

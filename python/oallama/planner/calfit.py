@@ -1,0 +1,318 @@
+"""The calibration's fits: the terms of calibrate.py's module docstring, from its measurements.
+
+  work / OpFit         what a non-weight op's time grows with, and a line through its times;
+  DeviceCalibration    one device's fitted terms (node overhead, other ops, weight matmul scale,
+                       pass-size anchors, shape shares);
+  Calibration          every device's, the time outside the graph, and the measurements behind them;
+  fit                  the fits from node-mode and split-mode times (see calibrate.py).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ProfileError
+from .graph import node_layer
+from .mmshares import class_key, fit_shares, interpolated, share
+from .realpass import MATMUL_OPS, VIEW_OPS
+from .rounds import context_bounded
+from .routing import Routing
+
+SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run whole beyond which its node times are
+# mostly synchronisation (its weight matmuls then at their one-op time, `_anchored`; an H100's passes: 1.6-3.2)
+
+def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
+    """What a non-weight op's time grows with: multiply-adds for a matmul of two activations
+    (KQ, KQV: K = src0's row length), else bytes read + written."""
+    if op in MATMUL_OPS and src_ne:
+        return float(src_ne[0][0]) * math.prod(ne)
+    return float(nbytes + src_bytes)
+
+
+@dataclass
+class OpFit:
+    """us = a_us + b_us * work, fitted on n nodes (max relative residual kept for the record)."""
+
+    a_us: float
+    b_us: float
+    n: int
+    max_rel_err: float = 0.0
+
+    def time_us(self, w: float) -> float:
+        return self.a_us + self.b_us * w
+
+    @staticmethod
+    def fit(points: Sequence[tuple[float, float]]) -> OpFit:
+        """Least squares with a >= 0, b >= 0 (points: (work, us))."""
+        xs = [x for x, _ in points]
+        ys = [y for _, y in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
+        if b < 0:
+            b = 0.0
+        a = my - b * mx
+        if a < 0:  # through the origin
+            a = 0.0
+            sxx = sum(x * x for x in xs)
+            b = sum(x * y for x, y in points) / sxx if sxx > 0 else 0.0
+        err = max((abs(a + b * x - y) / y for x, y in points if y > 0), default=0.0)
+        return OpFit(a, b, len(points), err)
+
+
+@dataclass
+class DeviceCalibration:
+    node_overhead_us: float  # us added by timing one node alone
+    ops: dict[str, OpFit]  # non-weight op -> fit; "*" fits all of them together (fallback)
+    matmul_scale: float  # real-graph / profile time of weight matmuls (ratio of sums; 1.0 if none seen)
+    n_matmuls: int = 0
+    anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
+    anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
+    # n_tokens -> the weight matmuls' own factor where it is not `anchors`' (a pass size whose node-by-node
+    # times were mostly synchronisation: its matmuls at their one-op time, `_anchored`)
+    mm_anchors: dict[int, float] = field(default_factory=dict)
+    # n_tokens -> weight matmul shape class -> its share (mmshares.py: the shape's own real-graph / one-op
+    # ratio over the pass size's, where its node times stand clear of the noise of timing a node alone)
+    mm_shares: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def factor(self, n_tokens: int | None) -> float:
+        """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
+        log scale of tokens; beyond them, the nearest one's."""
+        return interpolated(self.anchors, n_tokens)
+
+    def scale_for(self, n_tokens: int | None, key: str | None = None) -> float:
+        """Real-graph / profile time of weight matmuls in a pass of n_tokens (of shape class `key`,
+        `mmshares.class_key`: with its share)."""
+        s = self.matmul_scale * interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
+        return s * share(self.mm_shares, key, n_tokens) if key is not None else s
+
+    def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
+        if op in VIEW_OPS:
+            return 0.0
+        f = self.ops.get(op) or self.ops.get("*")
+        return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
+
+
+@dataclass
+class Calibration:
+    devices: dict[str, DeviceCalibration]
+    pass_a_us: float  # us per prompt pass outside the graph
+    pass_b_us: float  # us per token of a prompt pass outside the graph
+    elapsed_s: float = 0.0
+    points: list[dict[str, Any]] = field(default_factory=list)  # the measurements the fits come from
+    splits: list[dict[str, Any]] = field(default_factory=list)  # per timed split (node_overhead_us)
+    # accelerator -> a decode pass with every host weight streamed to it (`realpass.measure_stream`)
+    stream: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # accelerator -> a decode pass with the weights scattered over host and accelerator (`realpass.measure_scatter`)
+    scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routing: Routing | None = None  # a mixture of experts' routing in a real pass (routing.py)
+    # accelerator -> (a, b): us = a + b * n_tokens a pass that runs nothing on it saves when the runtime
+    # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
+    detached: dict[str, list[float]] = field(default_factory=dict)
+    # us outside the graph of a 1-token pass, which reuses the previous decode pass's graph (a prompt
+    # pass builds its own: 0.6-1.3 ms at 8-128 tokens against 0.3 ms for a small MoE's decode);
+    # None in a profile of method <= 12, whose one line ran through both
+    decode_us: float | None = None
+
+    def pass_overhead_us(self, n_tokens: int) -> float:
+        if n_tokens == 1 and self.decode_us is not None:
+            return self.decode_us
+        return self.pass_a_us + self.pass_b_us * n_tokens
+
+    def detached_us(self, acc: str | None, n_tokens: int) -> float:
+        """What a pass running nothing on `acc` saves when the runtime loads without it (us)."""
+        a, b = self.detached.get(acc or "", (0.0, 0.0))
+        return a + b * n_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "routing": self.routing.to_json() if self.routing is not None else None}
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> Calibration:
+        devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
+                                     v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
+                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
+                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()},
+                                     {int(n): {k: float(r) for k, r in sh.items()}
+                                      for n, sh in (v.get("mm_shares") or {}).items()})
+                for d, v in doc["devices"].items()}
+        return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
+                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
+                           Routing.from_json(doc["routing"]) if doc.get("routing") else None,
+                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"))
+
+    def renamed(self, ren: dict[str, str]) -> Calibration:
+        return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
+                           self.elapsed_s, self.points, self.splits,
+                           {ren.get(k, k): v for k, v in self.stream.items()},
+                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
+                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us)
+
+
+class _Op:
+    """The profile lookup's view of a timed weight matmul (op, weight type, shape, columns)."""
+
+    def __init__(self, p: dict[str, Any]) -> None:
+        self.op = p["op"]
+        self.weight_type = p["weight_type"]
+        shape = list(p["src0_ne"])
+        while len(shape) > 2 and shape[-1] == 1:
+            shape.pop()
+        self.weight_shape = tuple(shape)
+        self.n_tokens = p.get("cols", p["n_tokens"])
+        self.n_expert_used = int(p.get("n_expert_used", 0))
+        self.layer = node_layer(p.get("name", ""))
+
+
+def node_overhead_us(view_us: float, splits: Sequence[dict[str, Any]]) -> float:
+    """What timing an op alone adds on a device (us). A split run at once costs one launch
+    (about a view's time alone, `view_us`) plus its ops' compute; run node by node each op
+    also pays this overhead:  sum(op times alone) - (split time - view_us) = n_ops * h."""
+    n_ops = sum(s["n_ops"] for s in splits)
+    if n_ops == 0:
+        return view_us
+    extra = sum(s["ops_us"] - (s["split_us"] - view_us) for s in splits)
+    return max(extra / n_ops, view_us)
+
+
+def _profile_us(profile: Any, dev: str, p: dict[str, Any], routing: Routing | None = None) -> float:
+    """The one-op profile's compute time of a timed weight matmul (0 when it has none); of a
+    MUL_MAT_ID at the distinct experts the recorded routing touches, as the pass model costs it."""
+    op = _Op(p)
+    act = None
+    if routing is not None and op.op == "MUL_MAT_ID" and len(op.weight_shape) == 3:
+        act = routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
+    try:
+        return float(profile.compute_us(dev, op, active=act)) if profile is not None else 0.0
+    except ProfileError:
+        return 0.0
+
+
+def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
+        splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None) -> Calibration:
+    """The calibration's fits from its measurements (see the module docstring).
+
+    Node-mode times give each node's share; split-mode times, taken without synchronising inside
+    a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
+    split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
+    the totals, only the shares."""
+    raw_splits, splits = list(splits), context_bounded(splits)
+    by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        by_dev[p["device"]].append(p)
+    devs: dict[str, DeviceCalibration] = {}
+    for dev, pts in by_dev.items():
+        views = [p["us"] for p in pts if p["op"] in VIEW_OPS]
+        view_us = statistics.median(views) if views else 0.0
+        ops_us = sorted(p["us"] for p in pts if p["op"] not in VIEW_OPS)
+        dev_splits = [s for s in splits if s["device"] == dev]
+        # at most what a cheap op (no weight) of the smallest pass took alone: its compute is next to
+        # nothing, so that is the overhead as a node usually pays it
+        n_min = min((p["n_tokens"] for p in pts), default=1)
+        cheap = [p["us"] for p in pts if p["n_tokens"] == n_min and p["op"] not in VIEW_OPS
+                 and not (p["weight_type"] and p["op"] in MATMUL_OPS)]
+        h = min(node_overhead_us(view_us, dev_splits), statistics.median(cheap) if cheap else
+                (ops_us[len(ops_us) // 10] if ops_us else view_us))
+        per_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        real = prof = 0.0
+        n_mm = 0
+        for p in pts:
+            if p["op"] in VIEW_OPS:
+                continue
+            us = max(p["us"] - h, 0.0)
+            if p["weight_type"] and p["op"] in MATMUL_OPS:
+                t = _profile_us(profile, dev, p, routing)
+                if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
+                    real, prof, n_mm = real + us, prof + t, n_mm + 1
+                continue
+            per_op[p["op"]].append((p["work"], us))
+            per_op["*"].append((p["work"], us))
+        noise = float(np.percentile(views, 90) - np.percentile(views, 10)) if views else 0.0
+        mms = [(p, _profile_us(profile, dev, p, routing)) for p in pts if p["weight_type"] and p["op"] in MATMUL_OPS]
+        shares = fit_shares(mms, h, noise)
+        dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
+                               n_mm, mm_shares=shares)
+        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
+    # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
+    # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
+    # included, where 32- and 128-token passes timed give 2.0 ms; bench/results/2026-11-23-vm-method14)
+    decode = [us for n, us in overheads if n == 1]
+    prompt = [(n, us) for n, us in overheads if n > 1]
+    a, b = line(prompt or overheads)
+    return Calibration(devs, a, b, points=list(points), splits=raw_splits, routing=routing,
+                       decode_us=statistics.median(decode) if decode and prompt else None)
+
+
+def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
+              view_us: float, profile: Any, routing: Routing | None = None) -> DeviceCalibration:
+    """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
+    key = ("load", "n_tokens", "n_past", "split")
+    measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
+    modelled: dict[tuple, float] = defaultdict(float)
+    mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
+    mm_mod_by_n: dict[int, float] = defaultdict(float)  # ... and as modelled (scaled, with shares)
+    for p in pts:
+        k = tuple(p.get(f) for f in key)
+        if k not in measured or p["op"] in VIEW_OPS:
+            continue
+        if p["weight_type"] and p["op"] in MATMUL_OPS:
+            t = _profile_us(profile, dev, p, routing)
+            t_mod = t * dc.matmul_scale * share(dc.mm_shares, _key(p), int(k[1]))
+            modelled[k] += t_mod
+            mm_by_n[int(k[1])] += t
+            mm_mod_by_n[int(k[1])] += t_mod
+        else:
+            modelled[k] += dc.node_time_us(p["op"], p["work"])
+    total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
+    total_f = sum(modelled.values())
+    if total_m <= 0 or total_f <= 0:
+        return dc
+    r = total_m / total_f
+    ops = {op: OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
+    # then per pass size: its splits' measured total over its (globally scaled) modelled total
+    by_n: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for k, v in modelled.items():
+        by_n[int(k[1])][0] += max(measured[k], 0.0)
+        by_n[int(k[1])][1] += v * r
+    anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
+    # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
+    # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
+    # node's time after the overhead h is the round trip's noise, and the shares it gives are noise too
+    # (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
+    # its decode ops together were anchored to the pass). There the weight matmuls keep their one-op
+    # time, which the profile measures apart from the round trip, and the other ops take the rest.
+    mm_anchors: dict[int, float] = {}
+    node_mode: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in splits:
+        node_mode[int(s["n_tokens"])][0] += s["ops_us"]
+        node_mode[int(s["n_tokens"])][1] += s["split_us"]
+    for n, (m, _) in by_n.items():
+        timed, whole = node_mode.get(n, (0.0, 0.0))
+        mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
+        rest = by_n[n][1] - mm_mod_by_n[n] * r  # the other ops, globally scaled
+        if whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
+            continue
+        anchors[n] = (m - mm) / rest
+        mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
+    shares = {n: sh for n, sh in dc.mm_shares.items() if n not in mm_anchors}  # there: each at its one-op time
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors,
+                             shares)
+
+
+def _key(p: dict[str, Any]) -> str:
+    return class_key(p["op"], p["weight_type"], p["src0_ne"])
+
+
+def line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """us = a + b * n through (n, us) points, a, b >= 0 (a single size: all of it per pass)."""
+    if not pts:
+        return 0.0, 0.0
+    f = OpFit.fit([(float(n), max(us, 0.0)) for n, us in pts])
+    return f.a_us, f.b_us
