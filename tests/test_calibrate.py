@@ -260,12 +260,15 @@ def test_shapes_timed_within_the_noise_share_one_ratio() -> None:
     h, noise = 100.0, 50.0  # a node timed alone: +100 us, +-25 us
     timed = [(pt((4096, 14336), 100 + 1200), 2000.0)] * 4 + [(pt((4096, 4096), 100 + 600), 400.0)] * 4 \
         + [(pt((4096, 1024), 100 + 150), 100.0), (pt((4096, 1024), 100 + 90), 100.0),
-           (pt((1024, 4096), 100 + 60), 100.0)]
+           (pt((1024, 4096), 100 + 60), 100.0)] \
+        + [(pt((4096, 2048), 100 + 80), 200.0)] * 16  # within one node's noise, not within its median's
     sh = fit_shares(timed, h, noise)[1]
-    big, mid, small = (class_key("MUL_MAT", "q4_K", s) for s in ((4096, 14336), (4096, 4096), (4096, 1024)))
-    assert set(sh) == {big, mid, POOLED} and share({1: sh}, small, 1) == sh[POOLED]
-    g = (4 * 1200 + 4 * 600 + 150 + 90 + 60) / (4 * 2000 + 4 * 400 + 300)
+    big, mid, many, small = (class_key("MUL_MAT", "q4_K", s) for s in ((4096, 14336), (4096, 4096), (4096, 2048),
+                                                                         (4096, 1024)))
+    assert set(sh) == {big, mid, many, POOLED} and share({1: sh}, small, 1) == sh[POOLED]
+    g = (4 * 1200 + 4 * 600 + 150 + 90 + 60 + 16 * 80) / (4 * 2000 + 4 * 400 + 300 + 16 * 200)
     assert sh[big] == pytest.approx(0.6 / g) and sh[mid] == pytest.approx(1.5 / g) and sh[POOLED] == pytest.approx(1 / g)
+    assert sh[many] == pytest.approx(0.4 / g)
     assert sum(t * share({1: sh}, class_key(p["op"], p["weight_type"], p["src0_ne"]), 1) for p, t in timed) \
         == pytest.approx(sum(t for _, t in timed))
     # a pass size between timed ones interpolates on log tokens; none timed: 1

@@ -25,8 +25,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-RELIABLE = 4.0  # a shape's median time alone (less the overhead) over the noise of timing a node alone, at
-# least: below it the shape's own ratio is that noise (an rpc-server's 2-ms decode FFN matmul: +-0.3 ms)
+RELIABLE = 4.0  # a shape's median time alone (less the overhead) over the noise of its median (the noise of
+# timing a node alone over sqrt(nodes timed)), at least: below it the shape's ratio is that noise
 POOLED = "*"  # the shapes without a reliable ratio of their own
 
 
@@ -59,7 +59,8 @@ def fit_shares(timed: Sequence[tuple[Mapping[str, Any], float]], h_us: float,
         if r_all <= 0 or p_all <= 0:
             continue
         g = r_all / p_all
-        own = {k: v for k, v in classes.items() if statistics.median(v) >= RELIABLE * noise_us}
+        # a median over n nodes varies ~1/sqrt(n) as much as one node's time
+        own = {k: v for k, v in classes.items() if statistics.median(v) >= RELIABLE * noise_us / math.sqrt(len(v))}
         shares = {k: sum(v) / prof[n][k] / g for k, v in own.items()}
         r_rest = sum(sum(v) for k, v in classes.items() if k not in own)
         p_rest = sum(t for k, t in prof[n].items() if k not in own)
