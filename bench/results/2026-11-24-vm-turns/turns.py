@@ -26,16 +26,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
 sys.path.insert(0, str(HERE.parent / "2026-11-24-vm-method16" / "experiments"))
-import repredict
-from splits_apart import predicted_splits
+from splits_apart import predicted_splits  # noqa: E402
 
-from oallama import _core
-from oallama.planner.calibrate import _split_stops
-from oallama.planner.realpass import timed_eval
-from oallama.planner.schedmodel import Placement
-from oallama.runtime.generate import prompt_tokens
-from oallama.runtime.llama import Llama
-from oallama.runtime.rpc import start_server
+import repredict  # noqa: E402
+from oallama import _core  # noqa: E402
+from oallama.planner.calibrate import _split_stops  # noqa: E402
+from oallama.planner.realpass import timed_eval  # noqa: E402
+from oallama.planner.schedmodel import Placement  # noqa: E402
+from oallama.runtime.generate import prompt_tokens  # noqa: E402
+from oallama.runtime.llama import Llama  # noqa: E402
+from oallama.runtime.rpc import start_server  # noqa: E402
 
 RESULTS = HERE.parent / "2026-11-24-vm-method16"
 SPEC = "0d3dbc246b40cd17"  # the 8B's optimal @75%: its model, settings and profile
