@@ -5,15 +5,18 @@ configuration's plan is costed again, and the errors against the committed measu
 printed beside the ones the bench recorded. No model runs; a loopback rpc-server is started only
 to stand in for the accelerator (the plans' own rpc-servers are gone).
 
-    python scripts/repredict.py bench/results/<dir> [--cells]   (configurations on an rpc-server;
-                                                                --cells: each cell's measured and predicted)
+    python scripts/repredict.py bench/results/<dir> [--cells] [--device NAME]
+        configurations on an rpc-server (a loopback one stands in), or on NAME (e.g. Vulkan0: the graphs
+        then have that device's supported ops); --cells: each cell's measured and predicted
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +47,18 @@ def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
     prof = prof.renamed([n if n == "CPU" else device for n in prof.devices])
     wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])
     return planmod.build_context(c["model"], device, wl, profile=prof, threads=c["settings"]["threads"],
-                                 progress=False)
+                                 op_offload=bool(c.get("op_offload", True)), progress=False)
 
 
 def _placement(plan: dict[str, Any]) -> Placement:
     on = frozenset(w for w, dev in plan["placement"].items() if dev == plan["accelerator"])
     mb = {w: (NEVER if b is None else int(b)) for w, b in (plan.get("offload_min_batch") or {}).items()}
     return Placement(on, plan["kv_layers"], mb, plan.get("layouts") or {}, plan.get("dual_max_batch") or 0)
+
+
+@dataclass
+class _Named:
+    device_name: str  # an accelerator named on the command line, standing where an rpc-server would
 
 
 def _err(pred: dict[str, float], meas: dict[str, float], k: str) -> float:
@@ -65,11 +73,18 @@ def main() -> int:
     args = sys.argv[1:]
     cells = "--cells" in args
     args = [a for a in args if a != "--cells"]
+    device = None
+    if "--device" in args:
+        i = args.index("--device")
+        if i + 1 >= len(args):
+            sys.exit(__doc__)
+        device = args[i + 1]
+        del args[i:i + 2]
     if len(args) != 1:
         sys.exit(__doc__)
     d = Path(args[0])
     rows: list[tuple[str, str, str, dict[str, float], dict[str, float], dict[str, float]]] = []
-    with rpc.start_server(threads=1) as srv:
+    with contextlib.nullcontext(_Named(device)) if device else rpc.start_server(threads=1) as srv:
         ctxs: dict[tuple[Any, ...], planmod.PlanContext] = {}
         for spec_f in sorted(d.glob("raw/*.spec.json")):
             res_f = spec_f.with_name(spec_f.name.replace(".spec.json", ".json"))
@@ -77,7 +92,7 @@ def main() -> int:
                 continue
             spec, res = json.loads(spec_f.read_text()), json.loads(res_f.read_text())
             c = spec["config"]
-            key = (c["model"], c["prompt"], c["gen"], spec["profile_key"])
+            key = (c["model"], c["prompt"], c["gen"], spec["profile_key"], c.get("op_offload", True))
             if key not in ctxs:
                 ctxs[key] = _context(spec, d, srv.device_name)
             pred = ctxs[key].predict(_placement(json.loads(Path(spec["plan_file"]).read_text())))
