@@ -26,14 +26,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
 sys.path.insert(0, str(HERE.parent / "2026-11-24-vm-method16" / "experiments"))
-from splits_apart import predicted_splits  # noqa: E402
+from splits_apart import measure, predicted_splits, prepared  # noqa: E402
 
 import repredict  # noqa: E402
-from oallama import _core  # noqa: E402
-from oallama.planner.calibrate import _split_stops  # noqa: E402
-from oallama.planner.realpass import timed_eval  # noqa: E402
 from oallama.planner.schedmodel import Placement  # noqa: E402
-from oallama.runtime.generate import prompt_tokens  # noqa: E402
 from oallama.runtime.llama import Llama  # noqa: E402
 from oallama.runtime.rpc import start_server  # noqa: E402
 
@@ -68,29 +64,13 @@ def main() -> int:
         ctx = repredict._context(spec, RESULTS, srv.device_name)
         llm, placement = load(name, model, list(ctx.weight_bytes), srv)
         pred = predicted_splits(ctx, placement)
-        toks = prompt_tokens(llm, 64)
-        with _core.NodeTimer(llm.native_context) as timer:
-            nodes = timed_eval(llm, timer, toks[:32], toks[32:33], []).nodes
-        stops = _split_stops(nodes)
-        print(f"loaded {name}: {len(stops)} splits measured, {len(pred)} predicted", flush=True)
-        loads.append(dict(name=name, llm=llm, srv=srv, toks=toks, stops=stops, pred=pred,
-                          dev=[nodes[s].device[:3] for s in stops], per=[[] for _ in stops], T=[], U=[]))
-    for r in range(rounds):
-        for L in loads if r % 2 == 0 else loads[::-1]:
-            llm, toks = L["llm"], L["toks"]
-            with _core.NodeTimer(llm.native_context) as timer:
-                run = timed_eval(llm, timer, toks[:32], toks[32:33], L["stops"])
-            prev = run.nodes[0].start_us
-            for k, st in enumerate(L["stops"]):
-                L["per"][k].append((run.nodes[st].done_us - prev) / 1e3)
-                prev = run.nodes[st].done_us
-            L["T"].append(run.wall_us / 1e3)
-            L["U"].append(timed_eval(llm, None, toks[:32], toks[32:33], []).wall_us / 1e3)
+        loads.append(prepared(name, llm, srv, pred))
+    measure(loads, rounds)
     print(f"\n{rounds} rounds, medians (ms); load average {os.getloadavg()}")
     for L in loads:
         meas = [statistics.median(v) for v in L["per"]]
         pred = [us / 1e3 for _, _, us in L["pred"]]
-        print(f"\n{L['name']}: pass timed at its splits {statistics.median(L['T']):.2f} (spread "
+        print(f"\n{L['label']}: pass timed at its splits {statistics.median(L['T']):.2f} (spread "
               f"{min(L['T']):.2f}-{max(L['T']):.2f}), untimed {statistics.median(L['U']):.2f}; predicted graph "
               f"{sum(pred):.2f}")
         by: dict[str, list[float]] = {}
@@ -98,10 +78,10 @@ def main() -> int:
         for k, m in enumerate(meas):
             gap = meas[k - 1] if k else float("nan")
             p = pred[k] if k < len(pred) else float("nan")
-            print(f"| {k} | {L['dev'][k]} | {gap:.3f} | {m:.3f} | {p:.3f} | {m / p:.3f} |")
-            by.setdefault(L["dev"][k], [0.0, 0.0])
-            by[L["dev"][k]][0] += m
-            by[L["dev"][k]][1] += p if p == p else 0.0
+            print(f"| {k} | {L['nodes'][k]} | {gap:.3f} | {m:.3f} | {p:.3f} | {m / p:.3f} |")
+            by.setdefault(L["nodes"][k], [0.0, 0.0])
+            by[L["nodes"][k]][0] += m
+            by[L["nodes"][k]][1] += p if p == p else 0.0
         print("per device, measured / predicted in sum: " +
               ", ".join(f"{d} {m:.2f} / {p:.2f} = {m / p:.3f}" for d, (m, p) in by.items()))
     for L in loads:

@@ -2,13 +2,13 @@
 
 The one-op profile times each weight matmul alone, and its errors depend on the shape: on the
 project's VM its decode times of llama3-8b's 4096x14336 FFN matrices were 1.7x what the same ops
-took in the real graph, its attention and output matrices 0.9x (the profile's repeats of one small
-matrix partly hit the cache, a large one's do not). One factor per pass size over all matmuls (the
+took in the real graph, its attention and output matrices 0.9x, and the next profiling timed that FFN
+matrix at 1505 us where the first had 2569 (bench/results/2026-11-24-vm-turns/shapes_*.txt). One factor per pass size over all matmuls (the
 calibration's anchors) fits a pass that runs every shape, but misprices a placement that splits
 shapes between devices: the 8B with each layer's FFN on an rpc-server had its host turns (attention)
 predicted 1.3x fast, its output matrix 1.24x. The calibration times every node of a pass alone, and
-where those times are well above the noise of timing a node alone (the spread of a view's time:
-2 us on the CPU, 0.6 ms on a loopback rpc-server) each shape keeps its own ratio of real-graph to
+where those times are well above the noise of timing a node alone (a view's p10-p90: 4 us on the CPU,
+0.7 ms on a loopback rpc-server; over sqrt(nodes timed)) each shape keeps its own ratio of real-graph to
 one-op time; the others share their pooled ratio. The shares are relative to the pass size's
 ratio over all its matmuls, so they move time between shapes and leave the pass's total (fixed by
 its measured splits) as it was.

@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "scripts"))
 import repredict
@@ -49,6 +50,34 @@ def predicted_splits(ctx, placement) -> list[tuple[bool, int, float]]:
     return [(d, n, us) for d, n, us in out]
 
 
+def prepared(label: str, llm: Llama, srv: Any, pred: list[tuple[bool, int, float]], **extra: Any) -> dict[str, Any]:
+    """A loaded configuration, its decode pass's split stops found (a 1-token pass after 32 tokens)."""
+    toks = prompt_tokens(llm, 64)
+    with _core.NodeTimer(llm.native_context) as timer:
+        nodes = timed_eval(llm, timer, toks[:32], toks[32:33], []).nodes
+    stops = _split_stops(nodes)
+    print(f"loaded {label}: {len(stops)} splits measured, {len(pred)} predicted", flush=True)
+    return dict(extra, label=label, llm=llm, srv=srv, toks=toks, stops=stops, pred=pred,
+                nodes=[nodes[s].device[:3] for s in stops], per=[[] for _ in stops], T=[], U=[])
+
+
+def measure(loads: list[dict[str, Any]], rounds: int) -> None:
+    """ROUNDS timed passes per load, alternated across loads: each split's time (ms, from the previous
+    split's end, or the pass's first node, to its own end) into `per`, the timed pass into `T`, an untimed
+    one into `U`."""
+    for r in range(rounds):
+        for L in loads if r % 2 == 0 else loads[::-1]:
+            llm, toks = L["llm"], L["toks"]
+            with _core.NodeTimer(llm.native_context) as timer:
+                run = timed_eval(llm, timer, toks[:32], toks[32:33], L["stops"])
+            prev = run.nodes[0].start_us
+            for k, st in enumerate(L["stops"]):
+                L["per"][k].append((run.nodes[st].done_us - prev) / 1e3)
+                prev = run.nodes[st].done_us
+            L["T"].append(run.wall_us / 1e3)
+            L["U"].append(timed_eval(llm, None, toks[:32], toks[32:33], []).wall_us / 1e3)
+
+
 def main() -> int:
     rounds, d, ids = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
     loads = []
@@ -63,26 +92,9 @@ def main() -> int:
         p.write_text(text.replace(plan["accelerator"], srv.device_name))
         llm = Llama(spec["config"]["model"], placement=str(p), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
                     n_threads_batch=1, verbose=False, seed=1234)
-        toks = prompt_tokens(llm, 64)
-        with _core.NodeTimer(llm.native_context) as timer:
-            nodes = timed_eval(llm, timer, toks[:32], toks[32:33], []).nodes
-        stops = _split_stops(nodes)
         label = f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
-        print(f"loaded {label}: {len(stops)} splits measured, {len(pred)} predicted", flush=True)
-        loads.append(dict(cid=cid, label=label, llm=llm, srv=srv, toks=toks, stops=stops, pred=pred,
-                          nodes=[nodes[s].device[:3] for s in stops], per=[[] for _ in stops], T=[], U=[]))
-    for r in range(rounds):
-        for L in loads if r % 2 == 0 else loads[::-1]:
-            llm, toks = L["llm"], L["toks"]
-            with _core.NodeTimer(llm.native_context) as timer:
-                run = timed_eval(llm, timer, toks[:32], toks[32:33], L["stops"])
-            prev = None
-            for k, st in enumerate(L["stops"]):  # from the previous split's end (or its own first node) to its end
-                start = run.nodes[0].start_us if prev is None else prev
-                L["per"][k].append((run.nodes[st].done_us - start) / 1e3)
-                prev = run.nodes[st].done_us
-            L["T"].append(run.wall_us / 1e3)
-            L["U"].append(timed_eval(llm, None, toks[:32], toks[32:33], []).wall_us / 1e3)
+        loads.append(prepared(label, llm, srv, pred, cid=cid))
+    measure(loads, rounds)
     print(f"\n{rounds} rounds, medians (ms); load {os.getloadavg()}")
     for L in loads:
         print(f"\n{L['label']} ({L['cid']}): pass timed at its splits {statistics.median(L['T']):.2f}, untimed "
