@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
 sys.path.insert(0, str(HERE.parent / "2026-11-24-vm-method16" / "experiments"))
-from splits_apart import measure, predicted_splits, prepared  # noqa: E402
+from splits_apart import close, measure, predicted_splits, prepared  # noqa: E402
 
 import repredict  # noqa: E402
 from oallama.planner.schedmodel import Placement  # noqa: E402
@@ -84,9 +84,7 @@ def main() -> int:
             by[L["nodes"][k]][1] += p if p == p else 0.0
         print("per device, measured / predicted in sum: " +
               ", ".join(f"{d} {m:.2f} / {p:.2f} = {m / p:.3f}" for d, (m, p) in by.items()))
-    for L in loads:
-        L["llm"].close()
-        L["srv"].stop()
+    close(loads)
     return 0
 
 

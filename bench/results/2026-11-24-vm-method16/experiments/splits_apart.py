@@ -78,6 +78,12 @@ def measure(loads: list[dict[str, Any]], rounds: int) -> None:
             L["U"].append(timed_eval(llm, None, toks[:32], toks[32:33], []).wall_us / 1e3)
 
 
+def close(loads: list[dict[str, Any]]) -> None:
+    for L in loads:
+        L["llm"].close()
+        L["srv"].stop()
+
+
 def main() -> int:
     rounds, d, ids = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
     loads = []
@@ -111,9 +117,7 @@ def main() -> int:
                       f"{m - us / 1e3:+.3f} |")
             else:
                 print(f"| {k} | {L['nodes'][k]} | {n} | {m:.3f} | - | - |")
-    for L in loads:
-        L["llm"].close()
-        L["srv"].stop()
+    close(loads)
     return 0
 
 
