@@ -12,7 +12,10 @@ checkout (as scripts/repredict.py); each 1-token pass after 32 tokens is timed a
 (the calibration's `_split_stops`), ROUNDS times alternated across loads, plus its untimed pass.
 Per split: the device, the preceding gap (the other device's turn, measured), measured, predicted.
 
-    python turns.py ROUNDS [LOAD ...]      (loads named as above: ngl1 ffn4 ...)
+    python turns.py ROUNDS [LOAD ...] [--spec RESULTS_DIR:CONFIG_ID]   (loads named as above: ngl1 ffn4 ...)
+
+--spec: another bench configuration's model, settings and profile (default the 8B's below; ngl0 is
+the output matrix alone on the rpc-server).
 """
 
 from __future__ import annotations
@@ -55,13 +58,19 @@ def load(name: str, model: str, tensors: list[str], srv) -> tuple[Llama, Placeme
 
 
 def main() -> int:
-    rounds, names = int(sys.argv[1]), sys.argv[2:] or list(LOADS)
-    spec = json.loads((RESULTS / "raw" / f"{SPEC}.spec.json").read_text())
+    args = sys.argv[1:]
+    results, spec_id = RESULTS, SPEC
+    if "--spec" in args:
+        k = args.index("--spec")
+        d, spec_id = args[k + 1].rsplit(":", 1)
+        results, args = Path(d), args[:k] + args[k + 2:]
+    rounds, names = int(args[0]), args[1:] or list(LOADS)
+    spec = json.loads((results / "raw" / f"{spec_id}.spec.json").read_text())
     model = spec["config"]["model"]
     loads = []
     for name in names:
         srv = start_server(threads=1)
-        ctx = repredict._context(spec, RESULTS, srv.device_name)
+        ctx = repredict._context(spec, results, srv.device_name)
         llm, placement = load(name, model, list(ctx.weight_bytes), srv)
         pred = predicted_splits(ctx, placement)
         loads.append(prepared(name, llm, srv, pred))

@@ -120,6 +120,10 @@ class Calibration:
     # pass builds its own: 0.6-1.3 ms at 8-128 tokens against 0.3 ms for a small MoE's decode);
     # None in a profile of method <= 12, whose one line ran through both
     decode_us: float | None = None
+    # per round: "n_tokens,n_past" -> us outside the graph, and the accelerator -> its detached line
+    # (the record behind pass_a_us, pass_b_us, decode_us and detached: rounds.merge_rounds)
+    rounds_outside: list[dict[str, float]] = field(default_factory=list)
+    rounds_detached: list[dict[str, list[float]]] = field(default_factory=list)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         if n_tokens == 1 and self.decode_us is not None:
@@ -146,14 +150,16 @@ class Calibration:
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
                            Routing.from_json(doc["routing"]) if doc.get("routing") else None,
-                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"))
+                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
+                           list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
                            self.elapsed_s, self.points, self.splits,
                            {ren.get(k, k): v for k, v in self.stream.items()},
                            {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
-                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us)
+                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
+                           self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached])
 
 
 class _Op:

@@ -82,7 +82,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 18  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 19  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -90,7 +90,8 @@ VERSION = 18  # of the method: part of a calibrated profile's cache key (8: stre
 # the same pass over a longer KV cache, `context_bounded`; 16: split-mode runs that spread more than 20%
 # repeated, and the host load alone repeated when whole rounds cannot be; 17: a pass size whose nodes timed
 # one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND; 18: each
-# weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time)
+# weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time;
+# 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -243,12 +244,25 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
-    cal.detached, cal.stream, cal.scatter = m.detached, m.stream, m.scatter
+    cal.detached, cal.stream, cal.scatter = _detached_on(m), m.stream, m.scatter
+    cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
+    cal.rounds_detached = [dict(r.detached) for r in rounds]
     cal.elapsed_s = time.perf_counter() - t0
     if progress:
         print(f"\rcalibrate: {len(m.points)} timed nodes, {len(rounds)} round(s) in {cal.elapsed_s:.1f} s".ljust(100),
               file=sys.stderr, flush=True)
     return cal
+
+
+def _detached_on(m: Round) -> dict[str, list[float]]:
+    """What a detached load saves, against the kept times outside the graph: each kept time less the
+    least time of the same pass without the accelerator (`Round.alone`). A round's own difference of
+    the two is noisier than either (a small MoE's: 0 us in one round, 620 in the next; bench/results/
+    2026-11-24-vm-outside/outside_rounds_gptoss_pre.txt), and a round's attached times may be slower than
+    the kept ones."""
+    out = {acc: list(line([(n, m.outside[(n, past)] - us) for (n, past), us in alone.items() if (n, past) in m.outside]))
+           for acc, alone in m.alone.items()}
+    return {**m.detached, **out}
 
 
 def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_prefill: int, n_ctx: int,

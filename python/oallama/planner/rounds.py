@@ -3,7 +3,11 @@
 This VM (and any shared machine) runs the same pass in two speed states 1.5x apart for seconds to
 minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
 the round it ran fastest in (`merge_rounds`); a decode pass that still measured slower than the
-same pass over a longer KV cache is bounded by it before the fit (`context_bounded`).
+same pass over a longer KV cache is bounded by it before the fit (`context_bounded`). A pass's time
+outside its graph is taken from the round it was least in, not from its splits' fastest round, so one
+slow measurement of it does not reach every prediction (gpt-oss-small's decode pass: 2.07 ms outside
+its graph in one calibration, 0.74-0.80 ms in three fresh ones; bench/results/2026-11-24-vm-method18-gptoss);
+the calibration keeps every round's (`Calibration.rounds_outside`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class Round:
     routing: Routing | None = None
     detached: dict[str, list[float]] = field(default_factory=dict)
     host_s: float = 0.0  # seconds its host load took (a round of the host load alone: `calibrate`)
+    # merged: accelerator -> (n_tokens, n_past) -> us outside the graph of that pass without the
+    # accelerator attached (a round's `outside` less its `detached`), the least over the rounds
+    alone: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
 
 
 def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
@@ -37,13 +44,19 @@ def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
 def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
     (pick "median": the round of the median time, the faster middle one of an even number): its
-    nodes, splits and time outside the graph together; the streamed and scattered passes from
-    their fastest round; what a detached load saves from the round whose host passes ran fastest
-    overall."""
+    nodes and splits together; its time outside the graph the least over the rounds (median: their
+    median); the streamed and scattered passes from their fastest round; what a
+    detached load saves from the round whose host passes spent least outside their graphs, and
+    each pass's time outside its graph without the accelerator, the least over the rounds (`alone`:
+    calibrate.py fits what a detached load saves against the kept times from it)."""
     if pick not in ("fastest", "median"):
         raise ValueError(f"pick '{pick}': fastest or median")
     if not rounds:
         raise ValueError("no calibration rounds to merge")
+
+    def chosen(order: list[int]) -> int:  # order: rounds sorted fastest first
+        return order[0] if pick == "fastest" else order[(len(order) - 1) // 2]
+
     totals: list[dict[tuple[str, int, int], float]] = []
     for r in rounds:
         t: dict[tuple[str, int, int], float] = defaultdict(float)
@@ -52,11 +65,13 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
         totals.append(t)
     best: dict[tuple[str, int, int], int] = {}
     for k in {k for t in totals for k in t}:
-        having = sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k])
-        best[k] = having[0] if pick == "fastest" else having[(len(having) - 1) // 2]
+        best[k] = chosen(sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k]))
     points = [p for i, r in enumerate(rounds) for p in r.points if best.get(_pass_key(p)) == i]
     splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
-    outside = {k: us for i, r in enumerate(rounds) for k, us in r.outside.items() if best.get(("host", *k), 0) == i}
+    outside: dict[tuple[int, int], float] = {}
+    for k in {k for r in rounds for k in r.outside}:
+        having = sorted((i for i in range(len(rounds)) if k in rounds[i].outside), key=lambda i: rounds[i].outside[k])
+        outside[k] = rounds[chosen(having)].outside[k]
 
     def fastest(field_of: Any) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -67,9 +82,21 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
         return out
 
     with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
-    host = min(with_detached, key=lambda i: sum(us for k, us in totals[i].items() if k[0] == "host"))
+    least = min(with_detached, key=lambda i: sum(rounds[i].outside.values()))
     return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[host].detached)
+                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds, chosen))
+
+
+def _alone(rounds: Sequence[Round], chosen: Any) -> dict[str, dict[tuple[int, int], float]]:
+    """accelerator -> pass -> its time outside the graph without the accelerator in each round that
+    measured what a detached load saves (its outside less that line), the chosen one of them."""
+    per: dict[str, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rounds:
+        for acc, (a, b) in r.detached.items():
+            for (n, past), us in r.outside.items():
+                per[acc][(n, past)].append(us - (a + b * n))
+    return {acc: {k: v[chosen(list(range(len(v))))] for k, v in ((k, sorted(v)) for k, v in d.items())}
+            for acc, d in per.items()}
 
 
 def context_bounded(splits: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
