@@ -530,7 +530,8 @@ def test_short_calibrations_keep_each_pass_from_its_fastest_round(monkeypatch: p
                    "weight_type": "", "work": 1.0, "us": us, "round": k}
                   for n, past, us in ((32, 0, prompt), (1, 32, decode))]
         return cal_mod.Round(points, splits, {(32, 0): 10.0 * k, (1, 32): float(k)},
-                             scatter={"RPC": {"wall_us": 100.0 - k}}, detached={"RPC": [float(k), 0.0]})
+                             scatter={"RPC": {"wall_us": 100.0 - k}}, detached={"RPC": [float(k), 0.0]},
+                             alone={"RPC": {(32, 0): 9.0 * k, (1, 32): 0.0}})
 
     monkeypatch.setattr(cal_mod, "_measure_round", once)
     monkeypatch.setattr(cal_mod, "fit", lambda points, overheads, *a, **kw: Calibration(
@@ -539,35 +540,38 @@ def test_short_calibrations_keep_each_pass_from_its_fastest_round(monkeypatch: p
     assert calls == [True, False, False, False, False]  # the routing is recorded once
     got = {(p["n_tokens"], p["round"]) for p in cal.points}
     assert got == {(32, 4), (1, 4)}  # round 4: prompt 2500 us and decode 200 us, both the fastest
-    # what a detached load saves: from the round least outside its graphs (round 1: 10 + 1 us), the
-    # time it was measured against; every round's record kept
-    assert cal.scatter["RPC"]["wall_us"] == 95.0 and cal.detached["RPC"] == [1.0, 0.0]
+    # what a detached load saves: the kept times outside the graph (the median round's: 30 and 3 us) less
+    # the median measured without the accelerator (27 and 0 us); every round's record kept
+    assert cal.scatter["RPC"]["wall_us"] == 95.0 and cal.detached["RPC"] == [pytest.approx(3.0), pytest.approx(0.0)]
     assert cal.rounds_outside[1] == {"1,32": 2.0, "32,0": 20.0} and cal.rounds_detached[3] == {"RPC": [4.0, 0.0]}
+    assert cal.rounds_alone[3] == {"RPC": {"1,32": 0.0, "32,0": 36.0}}
     # a prompt and a decode pass fastest in different rounds: each from its own
     r = cal_mod.merge_rounds([once(), cal_mod.Round(
         [{"load": "host", "n_tokens": 32, "n_past": 0, "us": 1.0, "round": 9}],
         [{"load": "host", "n_tokens": 32, "n_past": 0, "split_us": 1.0}], {(32, 0): 7.0})])
     assert {(p["n_tokens"], p["round"]) for p in r.points} == {(32, 9), (1, 6)}
     assert r.outside == {(32, 0): 7.0, (1, 32): 6.0}
-    # the time outside the graph is the least over the rounds, not the fastest splits' round's: one slow
-    # measurement of it (gpt-oss-small: 2.07 ms a decode pass, 0.74-0.80 ms in fresh calibrations) is dropped
+    # the time outside the graph is the median over the rounds, not the fastest splits' round's: one slow
+    # measurement of it (gpt-oss-small: 2.07 ms a decode pass, 0.74-0.80 ms in fresh calibrations) is
+    # dropped, and neither is the least kept (method 19's: predictions faster than measured)
     slow_outside = [cal_mod.Round([], [{"load": "host", "n_tokens": 1, "n_past": 32, "split_us": us}], {(1, 32): out})
                     for us, out in ((200.0, 2070.0), (230.0, 780.0), (260.0, 740.0))]
-    assert cal_mod.merge_rounds(slow_outside).outside == {(1, 32): 740.0}
+    assert cal_mod.merge_rounds(slow_outside).outside == {(1, 32): 780.0}
     assert cal_mod.merge_rounds(slow_outside, "median").outside == {(1, 32): 780.0}
     # what a detached load saves, against the kept times outside the graph: its round (the only one with
-    # a detached load) spent 400 us more outside each pass than the least round, so a host-only pass
-    # costs what it measured without the accelerator (1300 - 400 = 900 us), not 900 - 400
-    both = [cal_mod.Round([], [], {(1, 32): 1300.0, (32, 0): 1800.0}, detached={"RPC": [400.0, 0.0]}),
+    # a detached load) spent 400 us more outside each pass than the faster round, so a host-only pass
+    # costs what it measured without the accelerator (900 us), not 900 - 400
+    both = [cal_mod.Round([], [], {(1, 32): 1300.0, (32, 0): 1800.0}, detached={"RPC": [400.0, 0.0]},
+                          alone={"RPC": {(1, 32): 900.0, (32, 0): 1400.0}}),
             cal_mod.Round([], [], {(1, 32): 900.0, (32, 0): 1400.0}, host_s=1.0)]
     m = cal_mod.merge_rounds(both)
     assert m.outside == {(1, 32): 900.0, (32, 0): 1400.0} and m.alone == {"RPC": {(1, 32): 900.0, (32, 0): 1400.0}}
     assert cal_mod._detached_on(m) == {"RPC": [0.0, 0.0]}
     assert cal_mod._detached_on(cal_mod.merge_rounds(both[:1])) == {"RPC": [400.0, 0.0]}
-    # each pass's least time without the accelerator over the rounds that measured it: a round whose
-    # own difference came out 0 (its load without the accelerator slow) does not set it
-    noisy = [cal_mod.Round([], [], {(1, 32): 776.0}, detached={"RPC": [0.0, 0.0]}),
-             cal_mod.Round([], [], {(1, 32): 962.0}, detached={"RPC": [620.0, 0.0]})]
+    # each pass's median measured time without the accelerator over the rounds (of two, the faster): a
+    # round whose own difference came out 0 (its load without the accelerator slow) does not set it
+    noisy = [cal_mod.Round([], [], {(1, 32): 776.0}, detached={"RPC": [0.0, 0.0]}, alone={"RPC": {(1, 32): 776.0}}),
+             cal_mod.Round([], [], {(1, 32): 962.0}, detached={"RPC": [620.0, 0.0]}, alone={"RPC": {(1, 32): 342.0}})]
     assert cal_mod._detached_on(cal_mod.merge_rounds(noisy)) == {"RPC": [pytest.approx(776.0 - 342.0), 0.0]}
     # the median round instead (of an even number, the faster middle one); an unknown choice is refused
     three = [cal_mod.Round([], [{"load": "host", "n_tokens": 1, "n_past": 0, "split_us": us}], {(1, 0): us})

@@ -114,7 +114,7 @@ class Calibration:
     scatter: dict[str, dict[str, Any]] = field(default_factory=dict)
     routing: Routing | None = None  # a mixture of experts' routing in a real pass (routing.py)
     # accelerator -> (a, b): us = a + b * n_tokens a pass that runs nothing on it saves when the runtime
-    # loads without it (an rpc-server: a placement that does not use it; outside.detached_us)
+    # loads without it (an rpc-server: a placement that does not use it; outside.alone_us, outside.saved)
     detached: dict[str, list[float]] = field(default_factory=dict)
     # us outside the graph of a 1-token pass, which reuses the previous decode pass's graph (a prompt
     # pass builds its own: 0.6-1.3 ms at 8-128 tokens against 0.3 ms for a small MoE's decode);
@@ -124,6 +124,8 @@ class Calibration:
     # (the record behind pass_a_us, pass_b_us, decode_us and detached: rounds.merge_rounds)
     rounds_outside: list[dict[str, float]] = field(default_factory=list)
     rounds_detached: list[dict[str, list[float]]] = field(default_factory=list)
+    # per round: the accelerator -> "n_tokens,n_past" -> us outside the graph without it attached
+    rounds_alone: list[dict[str, dict[str, float]]] = field(default_factory=list)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         if n_tokens == 1 and self.decode_us is not None:
@@ -151,7 +153,8 @@ class Calibration:
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
                            Routing.from_json(doc["routing"]) if doc.get("routing") else None,
                            {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
-                           list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []))
+                           list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []),
+                           list(doc.get("rounds_alone") or []))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
@@ -159,7 +162,8 @@ class Calibration:
                            {ren.get(k, k): v for k, v in self.stream.items()},
                            {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
                            {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
-                           self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached])
+                           self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached],
+                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone])
 
 
 class _Op:

@@ -82,7 +82,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 19  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 20  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -91,7 +91,9 @@ VERSION = 19  # of the method: part of a calibrated profile's cache key (8: stre
 # repeated, and the host load alone repeated when whole rounds cannot be; 17: a pass size whose nodes timed
 # one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND; 18: each
 # weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time;
-# 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator)
+# 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator;
+# 20: both times outside the graph, with and without the accelerator, the median over the rounds, the one
+# without it as measured, not a round's outside time less its own difference)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -247,6 +249,8 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     cal.detached, cal.stream, cal.scatter = _detached_on(m), m.stream, m.scatter
     cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
     cal.rounds_detached = [dict(r.detached) for r in rounds]
+    cal.rounds_alone = [{acc: {f"{n},{past}": us for (n, past), us in sorted(a.items())} for acc, a in r.alone.items()}
+                        for r in rounds]
     cal.elapsed_s = time.perf_counter() - t0
     if progress:
         print(f"\rcalibrate: {len(m.points)} timed nodes, {len(rounds)} round(s) in {cal.elapsed_s:.1f} s".ljust(100),
@@ -256,12 +260,12 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
 
 def _detached_on(m: Round) -> dict[str, list[float]]:
     """What a detached load saves, against the kept times outside the graph: each kept time less the
-    least time of the same pass without the accelerator (`Round.alone`). A round's own difference of
-    the two is noisier than either (a small MoE's: 0 us in one round, 620 in the next; bench/results/
-    2026-11-24-vm-outside/outside_rounds_gptoss_pre.txt), and a round's attached times may be slower than
-    the kept ones."""
-    out = {acc: list(line([(n, m.outside[(n, past)] - us) for (n, past), us in alone.items() if (n, past) in m.outside]))
-           for acc, alone in m.alone.items()}
+    kept time of the same pass without the accelerator (`Round.alone`: both the median over the
+    rounds). A round's own difference of the two is noisier than either (a small MoE's: 0 us in one
+    round, 620 in the next; bench/results/2026-11-24-vm-outside/outside_rounds_gptoss_pre.txt), and
+    the least of each round's attached time less its own line is biased low (method 19: tiny's
+    host-only decode pass 24-31 us outside its graph; bench/results/2026-11-24-vm-method19)."""
+    out = {acc: list(line(outside.saved(m.outside, alone))) for acc, alone in m.alone.items() if alone}
     return {**m.detached, **out}
 
 
@@ -346,11 +350,13 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     routes = (measure_routing(path, n_expert, n_tokens=min(n_ctx, ROUTING_TOKENS), threads=threads, mmap=mmap,
                               progress=progress) if n_expert > 0 and routing else None)
     detached: dict[str, list[float]] = {}
+    alone: dict[str, dict[tuple[int, int], float]] = {}
     if accs and accs[0].kind == "rpc":  # the runtime loads a placement that uses no rpc-server without it
         if progress:
             print("\rcalibrate: host load without the accelerator".ljust(100), end="", file=sys.stderr, flush=True)
-        detached[accs[0].name] = list(line(outside.detached_us(
+        alone[accs[0].name] = outside.alone_us(
             path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
-            n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)))
-    return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s)
+            n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
+        detached[accs[0].name] = list(line(outside.saved(host_outside, alone[accs[0].name])))
+    return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s, alone)
 

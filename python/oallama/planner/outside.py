@@ -7,8 +7,8 @@ build, inputs, logits out) and llama-cpp-python's own work, then samples the tok
   sampling  greedy, with the one sampler chain `generate` keeps for a whole generation
             (`sample_us`): a standalone `sample()` builds a chain per call, whose first sample
             fills its n_vocab candidates afresh (~1.1 ms against ~0.16 ms on a 151k vocabulary);
-  detached  what an attached accelerator adds to both when the pass runs nothing on it
-            (`detached_us`): the runtime loads a placement that uses no rpc-server without it,
+  detached  what an attached accelerator adds to both when the pass runs nothing on it: the
+            same passes timed in a load without it (`alone_us`) against the attached load's; the runtime loads a placement that uses no rpc-server without it,
             while every synchronisation with an attached rpc-server is a hand-over to its
             dispatcher thread (llama_synchronize, reading the logits): 0.5-0.7 ms a token on
             the project's VM, 15% of a small model's decode pass.
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import OallamaError, ProfileError
 
-__all__ = ["detached_us", "overheads", "sample_us"]
+__all__ = ["alone_us", "overheads", "sample_us", "saved"]
 
 
 def sample_us(llm: Any, reps: int) -> float:
@@ -51,16 +51,15 @@ def overheads(llm: Any, outside: Mapping[tuple[int, int], float], reps: int) -> 
     return {k: us + s for k, us in outside.items()}
 
 
-def detached_us(path: str | Path, attached: Mapping[tuple[int, int], float],
-                measure: Callable[[Any, tuple[int, int]], float], *, n_ctx: int, n_prefill: int, threads: int,
-                mmap: bool, reps: int) -> list[tuple[int, float]]:
-    """(n_tokens, us) per pass size: what a pass running nothing on the accelerator saves when the
-    accelerator is not attached, from the same host-only passes timed in a load without it.
-    attached: `overheads` of the host load with it attached; measure(llm, (n_tokens, n_past)):
-    such a pass's split-mode time outside its graph in another context (calibrate._Load)."""
+def alone_us(path: str | Path, passes: Iterable[tuple[int, int]], measure: Callable[[Any, tuple[int, int]], float], *,
+             n_ctx: int, n_prefill: int, threads: int, mmap: bool, reps: int) -> dict[tuple[int, int], float]:
+    """(n_tokens, n_past) -> us outside the graph (`overheads`) of each of `passes` in a host load
+    without the accelerator attached. measure(llm, (n_tokens, n_past)): such a pass's split-mode
+    time outside its graph (calibrate._Load)."""
     from ..runtime.llama import Llama
 
-    n_batch = max([n_prefill, *(n for n, _ in attached)])  # every timed pass in one ubatch
+    passes = list(passes)
+    n_batch = max([n_prefill, *(n for n, _ in passes)])  # every timed pass in one ubatch
     try:
         llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
                     n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
@@ -68,10 +67,17 @@ def detached_us(path: str | Path, attached: Mapping[tuple[int, int], float],
     except (OallamaError, ValueError, RuntimeError) as e:
         raise ProfileError(f"calibration: could not load {path} (host load, no accelerator): {e}") from None
     try:
-        alone = overheads(llm, {k: measure(llm, k) for k in attached}, reps)
+        return overheads(llm, {k: measure(llm, k) for k in passes}, reps)
     finally:
         llm.close()
+
+
+def saved(attached: Mapping[tuple[int, int], float], alone: Mapping[tuple[int, int], float]) -> list[tuple[int, float]]:
+    """(n_tokens, us) per pass size: what a pass running nothing on the accelerator saves when the
+    accelerator is not attached, the median over the pass size's passes of attached - alone (both
+    `overheads`: us outside the graph)."""
     by_n: dict[int, list[float]] = {}
     for (n, n_past), us in attached.items():
-        by_n.setdefault(n, []).append(us - alone[(n, n_past)])
+        if (n, n_past) in alone:
+            by_n.setdefault(n, []).append(us - alone[(n, n_past)])
     return [(n, statistics.median(v)) for n, v in sorted(by_n.items())]

@@ -4,10 +4,12 @@ This VM (and any shared machine) runs the same pass in two speed states 1.5x apa
 minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
 the round it ran fastest in (`merge_rounds`); a decode pass that still measured slower than the
 same pass over a longer KV cache is bounded by it before the fit (`context_bounded`). A pass's time
-outside its graph is taken from the round it was least in, not from its splits' fastest round, so one
-slow measurement of it does not reach every prediction (gpt-oss-small's decode pass: 2.07 ms outside
-its graph in one calibration, 0.74-0.80 ms in three fresh ones; bench/results/2026-11-24-vm-method18-gptoss);
-the calibration keeps every round's (`Calibration.rounds_outside`).
+outside its graph, with and without the accelerator attached, is the median over the rounds, the
+statistic the bench reports of its own rounds: the fastest splits' round's let one slow measurement
+reach every prediction (gpt-oss-small's decode pass: 2.07 ms outside its graph in one calibration,
+0.74-0.80 ms in three fresh ones; bench/results/2026-11-24-vm-method18-gptoss), and the least over the
+rounds (method 19) predicted faster than measured nearly everywhere (bench/results/2026-11-24-vm-method19);
+the calibration keeps every round's (`Calibration.rounds_outside`, `rounds_alone`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ class Round:
     routing: Routing | None = None
     detached: dict[str, list[float]] = field(default_factory=dict)
     host_s: float = 0.0  # seconds its host load took (a round of the host load alone: `calibrate`)
-    # merged: accelerator -> (n_tokens, n_past) -> us outside the graph of that pass without the
-    # accelerator attached (a round's `outside` less its `detached`), the least over the rounds
+    # accelerator -> (n_tokens, n_past) -> us outside the graph of that pass in a host load without
+    # the accelerator attached (merged: the median over the rounds)
     alone: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
 
 
@@ -44,11 +46,11 @@ def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
 def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
     (pick "median": the round of the median time, the faster middle one of an even number): its
-    nodes and splits together; its time outside the graph the least over the rounds (median: their
-    median); the streamed and scattered passes from their fastest round; what a
-    detached load saves from the round whose host passes spent least outside their graphs, and
-    each pass's time outside its graph without the accelerator, the least over the rounds (`alone`:
-    calibrate.py fits what a detached load saves against the kept times from it)."""
+    nodes and splits together; its time outside the graph the median over the rounds (`middle`);
+    the streamed and scattered passes from their fastest round; what a detached load saves from the
+    round whose host passes spent least outside their graphs, and each pass's measured time outside
+    its graph without the accelerator, the median over the rounds (`alone`: calibrate.py fits what a
+    detached load saves from it and the kept times)."""
     if pick not in ("fastest", "median"):
         raise ValueError(f"pick '{pick}': fastest or median")
     if not rounds:
@@ -68,10 +70,7 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
         best[k] = chosen(sorted((i for i in range(len(rounds)) if k in totals[i]), key=lambda i: totals[i][k]))
     points = [p for i, r in enumerate(rounds) for p in r.points if best.get(_pass_key(p)) == i]
     splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
-    outside: dict[tuple[int, int], float] = {}
-    for k in {k for r in rounds for k in r.outside}:
-        having = sorted((i for i in range(len(rounds)) if k in rounds[i].outside), key=lambda i: rounds[i].outside[k])
-        outside[k] = rounds[chosen(having)].outside[k]
+    outside = {k: middle([r.outside[k] for r in rounds if k in r.outside]) for k in {k for r in rounds for k in r.outside}}
 
     def fastest(field_of: Any) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -84,19 +83,25 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
     least = min(with_detached, key=lambda i: sum(rounds[i].outside.values()))
     return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds, chosen))
+                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds))
 
 
-def _alone(rounds: Sequence[Round], chosen: Any) -> dict[str, dict[tuple[int, int], float]]:
-    """accelerator -> pass -> its time outside the graph without the accelerator in each round that
-    measured what a detached load saves (its outside less that line), the chosen one of them."""
+def middle(values: Sequence[float]) -> float:
+    """The median of `values`, the faster middle one of an even number (a measured value, not a mean)."""
+    if not values:
+        raise ValueError("no values")
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def _alone(rounds: Sequence[Round]) -> dict[str, dict[tuple[int, int], float]]:
+    """accelerator -> pass -> its time outside the graph without the accelerator, the median over
+    the rounds that measured it."""
     per: dict[str, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rounds:
-        for acc, (a, b) in r.detached.items():
-            for (n, past), us in r.outside.items():
-                per[acc][(n, past)].append(us - (a + b * n))
-    return {acc: {k: v[chosen(list(range(len(v))))] for k, v in ((k, sorted(v)) for k, v in d.items())}
-            for acc, d in per.items()}
+        for acc, a in r.alone.items():
+            for k, us in a.items():
+                per[acc][k].append(us)
+    return {acc: {k: middle(v) for k, v in d.items()} for acc, d in per.items()}
 
 
 def context_bounded(splits: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
