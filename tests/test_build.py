@@ -36,6 +36,17 @@ def test_build_records_the_pinned_upstream() -> None:
         assert os.access(_libs.tool_path(tool), os.X_OK)
 
 
+
+def test_cpu_backend_is_built_without_amx() -> None:
+    """ggml's AMX path, which -march=native turns on for an AMX-INT8 CPU, segfaults on every pass of
+    more than one token (ggml-org/llama.cpp#20824; every prompt on the project's Xeon VM): CMakeLists.txt
+    builds ggml-cpu without it, and its system info says so (the other native instructions stay)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    assert info.startswith("CPU :"), info
+    assert "AMX_INT8 = 1" not in info, f"ggml-cpu was built with AMX: {info}"
+
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
 
