@@ -7,11 +7,12 @@ build, inputs, logits out) and llama-cpp-python's own work, then samples the tok
   sampling  greedy, with the one sampler chain `generate` keeps for a whole generation
             (`sample_us`): a standalone `sample()` builds a chain per call, whose first sample
             fills its n_vocab candidates afresh (~1.1 ms against ~0.16 ms on a 151k vocabulary);
-  detached  what an attached accelerator adds to both when the pass runs nothing on it: the
-            same passes timed in a load without it (`alone_us`) against the attached load's; the runtime loads a placement that uses no rpc-server without it,
-            while every synchronisation with an attached rpc-server is a hand-over to its
-            dispatcher thread (llama_synchronize, reading the logits): 0.5-0.7 ms a token on
-            the project's VM, 15% of a small model's decode pass.
+  detached  what an attached accelerator adds to both when the pass runs nothing on it (`saved`:
+            the attached load's times less the same passes' in a load without it, `alone_us`): the
+            runtime loads a placement that uses no rpc-server without it, while every
+            synchronisation with an attached rpc-server is a hand-over to its dispatcher thread
+            (llama_synchronize, reading the logits): 0.5-0.7 ms a token on the project's VM, 15%
+            of a small model's decode pass.
 """
 
 from __future__ import annotations
