@@ -587,6 +587,12 @@ PYBIND11_MODULE(_core, m) {
         oallama_context_set_offload_policy(ctx, min_batch);
     }, py::arg("context"), py::arg("min_batch"), "Per-weight op offload min batch (patch 0001; < 0 removes).");
 
+    m.def("reserve", [](const Context & context) {
+        llama_context * ctx = context.get();
+        py::gil_scoped_release release;
+        oallama_context_reserve(ctx);
+    }, py::arg("context"), "Reserve the scheduler and compute buffers once more, before the first decode.");
+
     m.def("get_offload_policy", [](const Context & context) {
         return oallama_context_get_offload_policy(context.get());
     }, py::arg("context"), "Per-weight op offload min batch in effect, read from the context's scheduler.");

@@ -291,6 +291,14 @@ void oallama_context_set_offload_policy(llama_context * ctx, const std::map<std:
     llama_sched_reserve(ctx);
 }
 
+void oallama_context_reserve(llama_context * ctx) {
+    if (ctx == nullptr) {
+        throw std::runtime_error("oallama_context_reserve: context is NULL");
+    }
+    oallama_quiet_log quiet(true);
+    llama_sched_reserve(ctx);
+}
+
 std::map<std::string, int64_t> oallama_context_get_offload_policy(llama_context * ctx) {
     std::map<std::string, int64_t> out;
     ggml_backend_sched_t sched = ctx->get_sched();

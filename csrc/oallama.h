@@ -236,6 +236,10 @@ std::vector<oallama_memory_use> oallama_context_memory(llama_context * ctx);
 // Per-weight op offload thresholds (patch 0001): weight name -> min batch (< 0 removes).
 void oallama_context_set_offload_policy(llama_context * ctx, const std::map<std::string, int64_t> & min_batch);
 std::map<std::string, int64_t> oallama_context_get_offload_policy(llama_context * ctx);
+// Reserve the context's scheduler and compute buffers once more (llama_sched_reserve, quiet), as
+// setting an offload policy does. Call it before the context's first decode: on Vulkan, a reserve
+// after a prompt pass whose ops were offloaded corrupted the heap (ggml-vulkan, lavapipe).
+void oallama_context_reserve(llama_context * ctx);
 
 //
 // profiling (profile.cpp)

@@ -58,6 +58,7 @@ CONTEXT_CALLS: dict[str, Callable[[Any], object]] = {
     "memory": lambda c: _core.memory(c),
     "set_offload_policy": lambda c: _core.set_offload_policy(c, {}),
     "get_offload_policy": lambda c: _core.get_offload_policy(c),
+    "reserve": lambda c: _core.reserve(c),
 }
 
 

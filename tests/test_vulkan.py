@@ -92,6 +92,28 @@ def test_hand_placement_reads_back_and_matches_cpu(vk: str, tiny_f16: Path, cpu_
     llm.close()
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+def test_host_weights_offloaded_by_op_offload_match_cpu(vk: str, tiny_f16: Path, passes: int) -> None:
+    """Every weight on the host, op offload on: the prompt's ops go to Vulkan0 with their weights
+    copied per split, in the context the runtime reserved once more after creating it (and the
+    second prompt pass reuses that state)."""
+    kw = {"n_ctx": 256, "n_ubatch": 64, "n_threads": 1, "verbose": False, "logits_all": True}
+    with closing(Llama(str(tiny_f16), devices=["CPU"], **kw)) as cpu:
+        prompt = cpu.tokenize(PROMPT * 2)
+        assert len(prompt) >= 32  # ggml-vulkan offloads an op from 32 rows
+        cpu.eval(prompt)
+        ref = np.array(cpu.scores[: len(prompt)])
+    with closing(Llama(str(tiny_f16), devices=["CPU", vk], n_gpu_layers=0, **kw)) as llm:
+        assert set(llm.tensor_devices().values()) == {"CPU"}
+        for _ in range(passes):
+            llm.reset()
+            with _core.NodeTimer(llm.native_context) as timer:
+                llm.eval(prompt)
+                ran_on = {r.device for r in timer.times()}
+            assert vk in ran_on
+            assert _nmse(np.array(llm.scores[: len(prompt)]), ref) < 1e-4
+
+
 def test_pinned_host_weights_count_as_host_memory(vk: str, tiny_f16: Path) -> None:
     # with a GPU-class device in the load, llama.cpp keeps host weights in that device's pinned
     # host buffer type: host memory, which the readback and the memory accounting give the CPU

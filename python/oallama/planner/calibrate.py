@@ -40,8 +40,8 @@ host's cores: lavapipe's decode pass 134-273 ms) are repeated, up to 4x, before 
 
 Two loads are timed: every layer on the host (op offload off: nothing streams), and every
 layer that fits on the accelerator; token counts 1 (decode, at two KV lengths) and two prefill
-sizes (the second, 4x the first, when its passes are cheap; a pass between timed sizes takes
-their factors interpolated). A decode pass reuses its predecessor's graph and a prompt pass
+sizes (the second, 4x the first, else 2x, when its passes are cheap; a pass between timed sizes
+takes their factors interpolated). A decode pass reuses its predecessor's graph and a prompt pass
 builds its own, so their times outside the graph are measured apart (`decode_us`). A third load
 streams every host weight to the accelerator in a decode pass (`stream`):
 weights leave from the memory llama.cpp loaded them into, which a one-op copy of a fresh buffer
@@ -82,7 +82,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 20  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 21  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -93,7 +93,8 @@ VERSION = 20  # of the method: part of a calibrated profile's cache key (8: stre
 # weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time;
 # 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator;
 # 20: both times outside the graph, with and without the accelerator, the median over the rounds, the one
-# without it as measured, not a round's outside time less its own difference)
+# without it as measured, not a round's outside time less its own difference; 21: the second prompt size
+# 2x the first when 4x is too slow, every load reserved once more before its first pass (runtime.llama))
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -310,9 +311,12 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             # a second prompt size, when its passes are cheap: prompt ops and matmuls grow unlike
             # tokens (a small MoE's weight matmuls cost 0.64x their 32-token time per token at 128 in the
             # real graph, 0.74x in the one-op profile), and a workload's ubatch is rarely the calibrated one
-            est_s = load.walls[(n_prefill, 0)] / 1e6 * n_big / n_prefill * (2 + 2 * reps)
-            if n_big > n_prefill and est_s < max_fill_s / 2:
-                load.measure(n_big, 0)
+            # (4x, else 2x: lavapipe's 32-token pass of a tiny model took 176 ms, too slow for 128 tokens,
+            # and its 64-token ubatch ran 1.3x what the 32-token fits gave)
+            per_run_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill * (2 + 2 * reps)  # per token of the size
+            if second := next((n for n in (n_big, min(2 * n_prefill, n_big)) if n > n_prefill
+                               and per_run_s * n < max_fill_s / 2), None):
+                load.measure(second, 0)
             load.measure(1, n_prefill)
             # attention over a long KV cache, when filling it costs little (a few prompt passes)
             per_token_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +96,35 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
                     reps: int) -> dict[str, Any] | None:
     """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
     one's op streamed to `acc` at any batch (patch 0001), as a FlexGen-like plan runs: their mean
-    wall time and the weights each streamed. None when no weight could stream (all repacked)."""
+    wall time and the weights each streamed. None when no weight could stream (all repacked).
+
+    Two loads: the weight matmuls are read from a plain one (a streamed op reads the weight's copy,
+    which is no model weight), and the policy is set on the other before its first pass: a
+    scheduler reserve after a prompt whose ops ran on Vulkan0 corrupted the heap (lavapipe)."""
     from ..runtime.generate import prompt_tokens
+
+    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
+        tokens = prompt_tokens(llm, n_ctx)
+        prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
+        with _core.NodeTimer(llm.native_context) as timer:
+            base = {r.index: r for r in timed_eval(llm, timer, prefix, batch, []).nodes
+                    if r.weight_type and r.op in MATMUL_OPS}
+    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
+        _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements() if t.is_host})
+        with _core.NodeTimer(llm.native_context) as timer:
+            nodes = timed_eval(llm, timer, prefix, batch, []).nodes  # also the warm-up
+        streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]
+        if not streamed:
+            return None
+        walls = decode_walls(llm, tokens, n_prefill, reps)
+    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
+            "n_weights": len(streamed), "weight_bytes": sum(weight_nbytes(r) for r in streamed)}
+
+
+@contextlib.contextmanager
+def _stream_load(path: str | Path, acc: str, n_ctx: int, n_prefill: int, threads: int,
+                 mmap: bool) -> Iterator[Any]:
+    """Every layer on the host, op offload on (measure_stream's load); closed on exit."""
     from ..runtime.llama import Llama
 
     try:
@@ -105,23 +134,9 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
     except (OallamaError, ValueError, RuntimeError) as e:
         raise ProfileError(f"calibration: could not load {path} (streamed load): {e}") from None
     try:
-        tokens = prompt_tokens(llm, n_ctx)
-        prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
-        with _core.NodeTimer(llm.native_context) as timer:
-            # the weight matmuls, seen before streaming (a streamed op reads the weight's copy,
-            # which is no model weight), then the same graph streamed (also the warm-up)
-            base = {r.index: r for r in timed_eval(llm, timer, prefix, batch, []).nodes
-                    if r.weight_type and r.op in MATMUL_OPS}
-            _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements() if t.is_host})
-            nodes = timed_eval(llm, timer, prefix, batch, []).nodes
-        streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]
-        if not streamed:
-            return None
-        walls = decode_walls(llm, tokens, n_prefill, reps)
+        yield llm
     finally:
         llm.close()
-    return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
-            "n_weights": len(streamed), "weight_bytes": sum(weight_nbytes(r) for r in streamed)}
 
 
 def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int, n_ctx: int, n_prefill: int,

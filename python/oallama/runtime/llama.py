@@ -356,12 +356,21 @@ class Llama(llama_cpp.Llama):
                 self.close()
                 raise _rpc_error(failed, "loading", model_path)
             _check_decodes(self._ctx, self._rpc_endpoints, model_path)
-        if req.offload_policy:
-            try:
+        # every context gets one more scheduler reserve before its first decode (setting a policy
+        # makes it): llama.cpp's context as created ran tiny's passes on Vulkan0 (lavapipe) 27-37%
+        # slower than after it, so plans with and without a policy ran in two states and the
+        # calibration timed the slower one (bench/results/2026-11-24-vm-vulkan-reserve/); on a
+        # loopback rpc-server and on qwen3moe-small it changed nothing measurable
+        try:
+            if req.offload_policy:
                 _core.set_offload_policy(self.native_context, req.offload_policy)
-            except RuntimeError as e:
-                self.close()
+            else:
+                _core.reserve(self.native_context)
+        except RuntimeError as e:
+            self.close()
+            if req.offload_policy:
                 raise PlanError(str(e)) from None
+            raise PlacementError(f"{model_path}: llama.cpp could not reserve the compute buffers: {e}") from None
 
     def failed_rpc_servers(self) -> list[str]:
         """Endpoints of this model's rpc-servers whose connection failed: non-empty, the model
