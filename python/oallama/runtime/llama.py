@@ -360,11 +360,12 @@ class Llama(llama_cpp.Llama):
         # makes it): llama.cpp's context as created ran tiny's passes on Vulkan0 (lavapipe) 27-37%
         # slower than after it, so plans with and without a policy ran in two states and the
         # calibration timed the slower one (bench/results/2026-11-24-vm-vulkan-reserve/); on a
-        # loopback rpc-server and on qwen3moe-small it changed nothing measurable
+        # loopback rpc-server and on qwen3moe-small it changed nothing measurable. A vocabulary-only
+        # model has no graph to reserve (llama_sched_reserve aborts on it)
         try:
             if req.offload_policy:
                 _core.set_offload_policy(self.native_context, req.offload_policy)
-            else:
+            elif not kwargs.get("vocab_only"):
                 _core.reserve(self.native_context)
         except RuntimeError as e:
             self.close()
