@@ -43,6 +43,7 @@ def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
         new.pass_a_us, new.pass_b_us = old.pass_a_us, old.pass_b_us
         new.stream, new.scatter = old.stream, old.scatter
         new.detached, new.decode_us = old.detached, old.decode_us
+        new.layouts = old.layouts
         prof.calibration = new
     prof = prof.renamed([n if n == "CPU" else device for n in prof.devices])
     wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])

@@ -215,6 +215,21 @@ def test_a_pass_timed_mostly_as_round_trips_keeps_its_matmuls_at_their_one_op_ti
     assert modelled == pytest.approx(sum(splits.values()) - 2 * view_us, rel=1e-6)
 
 
+def test_a_pass_size_that_timed_a_sliver_of_the_device_takes_its_neighbours_factor() -> None:
+    """tiny's committed Vulkan0 calibration (`bench/results/2026-11-24-vm-vulkan-method21/`): its
+    64-token accelerator load left the host one GET_ROWS (36 us measured, 15 modelled), and anchoring
+    the host's 64-token passes to that split priced a host-only 64-token pass at 2.4x (a 128-token
+    prompt predicted at 27.7 ms, measured 11.9). Refitted: the host's 64-token factor lies between its
+    32- and 128-token ones, which the host load's whole passes fixed."""
+    pf = RESULTS / "2026-11-24-vm-vulkan-method21" / "profiles" / "44f87bfe777b4f94.json"
+    prof = Profile.from_json(json.loads(pf.read_text()), pf)
+    old = prof.calibration
+    assert old is not None and old.devices["CPU"].anchors[64] > 2.0  # as the bench's planner had it
+    cpu = fit(old.points, [], prof, old.splits, old.routing).devices["CPU"]
+    assert 64 not in cpu.anchors and {1, 32, 128} <= set(cpu.anchors)
+    assert min(cpu.anchors[32], cpu.anchors[128]) <= cpu.factor(64) <= max(cpu.anchors[32], cpu.anchors[128])
+
+
 @pytest.mark.parametrize("shape", ["q4_K:4096x4096", "q4_K:4096x14336", "q6_K:4096x128256"])
 def test_each_weight_matmul_shape_keeps_its_own_real_graph_time(shape: str) -> None:
     """The full llama3-8b's committed calibration (`bench/results/2026-11-24-vm-method16/`): on the

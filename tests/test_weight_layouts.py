@@ -122,6 +122,31 @@ def test_profile_times_both_layouts(cpu_context) -> None:
     assert prof.layouts[PLAIN].keys() == prof.layouts[REPACK].keys()
 
 
+def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_model: Path) -> None:
+    """The calibration's host passes in a default load and with every repacked weight in plain
+    memory (realpass.measure_layouts), and the plan's plain times scaled to their ratio: at every
+    timed pass size the model costs the all-plain placement at the measured ratio of the two walls
+    times its default cost (without the factor it costs it at the one-op profile's ratio)."""
+    from oallama.planner.context import plain_factor
+    from oallama.planner.schedmodel import Placement
+
+    m = cpu_context.profile.calibration.layouts
+    assert m is not None and m["n_weights"] == len(_repacked(q4_0_model)) > 0
+    assert "1" in m["sizes"] and all(v["default_us"] > 0 and v["plain_us"] > 0 for v in m["sizes"].values())
+    sizes = sorted(int(n) for n in m["sizes"])
+    ctx = build_context(q4_0_model, None, Workload(prompt=sizes[-1], gen=4, n_ubatch=sizes[-1]),
+                        profile=cpu_context.profile, threads=2, progress=False)
+    for n in (1, sizes[-1]):
+        pm = ctx.passes[n]
+        assert pm.plain_factor != 1.0 and plain_factor(pm, m) == pytest.approx(pm.plain_factor)
+        host = {w: 1 << 30 for w in pm.weights}
+        plain = pm.cost(Placement(frozenset(), 0, host, {w: PLAIN for w in pm.weights})).total_us
+        default = pm.cost(Placement(frozenset(), 0, host)).total_us
+        v = m["sizes"][str(n)]
+        assert plain / default == pytest.approx(v["plain_us"] / v["default_us"], rel=1e-6), n
+    assert plain_factor(ctx.passes[1], None) is None
+
+
 def _skewed(ctx, plain_faster_from: int) -> None:
     """Make the pass models' layout times what a CPU like the EPYC's looks like: repacked twice
     as fast below `plain_faster_from` columns, plain twice as fast from there (deterministic)."""

@@ -27,6 +27,8 @@ from .routing import Routing
 
 SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run whole beyond which its node times are
 # mostly synchronisation (its weight matmuls then at their one-op time, `_anchored`; an H100's passes: 1.6-3.2)
+ANCHOR_OPS = 0.5  # a pass size gets its own factor on a device where it timed at least this share of the ops
+# of the device's fullest timed pass (`_anchored`)
 
 def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
     """What a non-weight op's time grows with: multiply-adds for a matmul of two activations
@@ -126,6 +128,9 @@ class Calibration:
     rounds_detached: list[dict[str, list[float]]] = field(default_factory=list)
     # per round: the accelerator -> "n_tokens,n_past" -> us outside the graph without it attached
     rounds_alone: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    # the host's passes with its repackable weights repacked and in plain memory (`realpass.measure_layouts`;
+    # None: nothing repacked, or a profile of method <= 21)
+    layouts: dict[str, Any] | None = None
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         if n_tokens == 1 and self.decode_us is not None:
@@ -154,7 +159,7 @@ class Calibration:
                            Routing.from_json(doc["routing"]) if doc.get("routing") else None,
                            {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
                            list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []),
-                           list(doc.get("rounds_alone") or []))
+                           list(doc.get("rounds_alone") or []), doc.get("layouts"))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
@@ -163,7 +168,7 @@ class Calibration:
                            {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
                            {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
                            self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached],
-                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone])
+                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone], self.layouts)
 
 
 class _Op:
@@ -291,7 +296,19 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     for k, v in modelled.items():
         by_n[int(k[1])][0] += max(measured[k], 0.0)
         by_n[int(k[1])][1] += v * r
-    anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0}
+    # a pass size the device ran only a sliver of stays unanchored (the factors of the sizes around it
+    # apply): lavapipe's 64-token accelerator load left the host one GET_ROWS (36 us measured, 15
+    # modelled), and its factor 2.4 priced every host op of a 64-token pass at 2.4x (tiny's host-only
+    # 128-token prompt at 27.7 ms, measured 11.9; bench/results/2026-11-24-vm-vulkan-method21)
+    ops_by_pass: dict[tuple, int] = defaultdict(int)  # (load, n_tokens, n_past) -> non-view nodes timed
+    for p in pts:
+        if p["op"] not in VIEW_OPS and tuple(p.get(f) for f in key) in measured:
+            ops_by_pass[(p.get("load"), int(p["n_tokens"]), p.get("n_past"))] += 1
+    ops_by_n: dict[int, int] = defaultdict(int)
+    for (_, n, _), c in ops_by_pass.items():
+        ops_by_n[n] = max(ops_by_n[n], c)
+    most = max(ops_by_n.values(), default=0)
+    anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
     # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
     # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
     # node's time after the overhead h is the round trip's noise, and the shares it gives are noise too
@@ -307,7 +324,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         timed, whole = node_mode.get(n, (0.0, 0.0))
         mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
         rest = by_n[n][1] - mm_mod_by_n[n] * r  # the other ops, globally scaled
-        if whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
+        if n not in anchors or whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
             continue
         anchors[n] = (m - mm) / rest
         mm_anchors[n] = 1.0 / (dc.matmul_scale * r)

@@ -54,7 +54,10 @@ split the one-op launch does not see (a CPU<->GPU synchronisation at each change
 H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 `context.split_cost`). A mixture of experts' routing is recorded in one prompt pass on the host (how
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
-routing.py). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+routing.py). The host's passes are timed once more in two loads back to back, a default one (ggml
+repacks the weights its kernels can) and one with those weights in plain memory (`layouts`): a plan
+that lays weights out scales their plain one-op times to the ratio of the two (`context.plain_factor`;
+the full 8B's decode ran 1.38x slower plain, where the one-op profile gave 1.09x). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
 This module measures; the fits are calfit.py's, each weight matmul shape's share mmshares.py's.
 """
 
@@ -75,6 +78,7 @@ from .realpass import (
     VIEW_OPS,
     Run,
     layers_that_fit,
+    measure_layouts,
     measure_scatter,
     measure_stream,
     timed_eval,
@@ -82,7 +86,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 21  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 22  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -94,7 +98,8 @@ VERSION = 21  # of the method: part of a calibrated profile's cache key (8: stre
 # 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator;
 # 20: both times outside the graph, with and without the accelerator, the median over the rounds, the one
 # without it as measured, not a round's outside time less its own difference; 21: the second prompt size
-# 2x the first when 4x is too slow, every load reserved once more before its first pass (runtime.llama))
+# 2x the first when 4x is too slow, every load reserved once more before its first pass (runtime.llama); 22: the
+# host's passes with its weights repacked and plain, `layouts`; a pass size anchored only where it timed most ops)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -247,7 +252,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
-    cal.detached, cal.stream, cal.scatter = _detached_on(m), m.stream, m.scatter
+    cal.detached, cal.stream, cal.scatter, cal.layouts = _detached_on(m), m.stream, m.scatter, m.layouts
     cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
     cal.rounds_detached = [dict(r.detached) for r in rounds]
     cal.rounds_alone = [{acc: {f"{n},{past}": us for (n, past), us in sorted(a.items())} for acc, a in r.alone.items()}
@@ -293,6 +298,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     splits: list[dict[str, Any]] = []
     host_outside: dict[tuple[int, int], float] = {}
     host_s = 0.0  # seconds the host load took
+    host_sizes: list[int] = []  # the pass sizes the host load timed
     for i, (what, kw) in enumerate(loads):
         t_load = time.perf_counter()
         if progress:
@@ -326,12 +332,21 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             splits += [{**s, "load": what} for s in load.splits]
             if what == "host":  # with an accelerator, reading its results back is the model's copies
                 host_outside = outside.overheads(llm, load.outside, reps)
+                host_sizes = sorted({n for n, _ in load.walls})
         finally:
             llm.close()
         if what == "host":
             host_s = time.perf_counter() - t_load
     if host_only:
         return Round(points, splits, host_outside, host_s=host_s)
+    # the host's weights repacked and in plain memory, once (the two loads' passes back to back)
+    layouts = None
+    if routing:
+        if progress:
+            print("\rcalibrate: real graph, host weights repacked and plain".ljust(100), end="", file=sys.stderr,
+                  flush=True)
+        layouts = measure_layouts(path, sizes=host_sizes, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads,
+                                  mmap=mmap, reps=reps)
     stream: dict[str, dict[str, Any]] = {}
     if accs and op_offload:
         if progress:
@@ -362,5 +377,5 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
             n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
         detached[accs[0].name] = list(line(outside.saved(host_outside, alone[accs[0].name])))
-    return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s, alone)
+    return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s, alone, layouts)
 

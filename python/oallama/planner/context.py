@@ -23,7 +23,8 @@ from ..options import option
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
 from .graph import Graph, GraphSession, target_ops
-from .profile import DEFAULT_TOKENS, Link, Profile, profile_model
+from .mmshares import interpolated
+from .profile import DEFAULT_TOKENS, PLAIN, Link, Profile, profile_model
 from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
@@ -229,6 +230,14 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
             log(f"streamed weights in a real load (calibrated): {stream.latency_us:.0f} us + "
                 f"{stream.bytes_per_us / 1e3:.2f} GB/s per weight (a one-op copy: {h2d.latency_us:.0f} us + "
                 f"{h2d.bytes_per_us / 1e3:.2f} GB/s)")
+    plain = {n: plain_factor(pm, profile.calibration.layouts if profile.calibration is not None else None)
+             for n, pm in passes.items()}
+    for n, f in plain.items():
+        if f is not None:
+            passes[n].set_plain_factor(f)
+    if progress and any(f is not None for f in plain.values()):
+        log("host weights in plain memory (calibrated): " + ", ".join(
+            f"{f:.2f}x their one-op time at {n} token(s)" for n, f in plain.items() if f is not None))
     # every tensor of the file, not only those a graph reads: a weight no pass uses (MiniCPM3's
     # rope_factors_long at a context below its original length) still goes where its layer goes
     wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
@@ -283,6 +292,26 @@ def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | Non
     if nbytes / bw0 >= c.n_streamed * lat0:
         return Link(lat0, nbytes / max(left - c.n_streamed * lat0, 1e-3))
     return Link(max(left - nbytes / bw0, 0.0) / c.n_streamed, bw0)
+
+
+def plain_factor(pm: PassModel, measured: Mapping[str, Any] | None) -> float | None:
+    """What the host's weight matmuls cost in plain memory over their one-op time, from the
+    calibration's host passes in a default load and in one with every repacked weight plain
+    (`realpass.measure_layouts`): at pm's pass size the model must cost the all-plain placement at
+    the measured ratio of the two walls times its default cost, and the plain terms of the repacked
+    weights take the difference. None without a measurement or anything to scale."""
+    sizes = {int(n): v["plain_us"] / v["default_us"] for n, v in ((measured or {}).get("sizes") or {}).items()
+             if v.get("default_us", 0) > 0 and v.get("plain_us", 0) > 0}
+    scaled = [i for i, lays in pm.t_layout.items() if pm.default_layout.get(i) != PLAIN and PLAIN in lays]
+    if not sizes or not scaled:
+        return None
+    ratio = interpolated(sizes, pm.n_tokens)
+    host = Placement(frozenset(), 0, {w: 1 << 30 for w in pm.weights})  # all on the host, nothing streamed
+    default = pm.cost(host).total_us
+    repacked = sum(pm.t_host[i] for i in scaled)  # us, as a default load runs them
+    plain = sum(pm.t_layout[i][PLAIN] for i in scaled) / pm.plain_factor  # us, their one-op plain times
+    f = (ratio * default - default + repacked) / plain if plain > 0 else 0.0
+    return f if f > 0 else None
 
 
 def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph]) -> None:

@@ -5,7 +5,8 @@
                   (`_core.NodeTimer`) node by node or at chosen stops;
   decode_walls    consecutive 1-token passes after a prompt, their wall times;
   measure_stream  every host weight's op streamed to the accelerator in a decode pass;
-  measure_scatter weight matmuls alternating between host and accelerator in a decode pass.
+  measure_scatter weight matmuls alternating between host and accelerator in a decode pass;
+  measure_layouts the host's passes with its weights repacked (a default load) and in plain memory.
 """
 
 from __future__ import annotations
@@ -170,6 +171,47 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
         llm.close()
     return {"n_tokens": 1, "n_past": n_prefill, "wall_us": statistics.fmean(walls), "samples_us": walls,
             "on_acc": on_acc, "kv_layers": min(max(n_gpu_layers - 1, 0), n_layer)}
+
+
+def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill: int, threads: int, mmap: bool,
+                    reps: int) -> dict[str, Any] | None:
+    """Host-only passes of each size in `sizes` (1: decode after n_prefill tokens, the mean of its
+    passes; n > 1: a prompt of n tokens, the median) in two loads one after the other: a default
+    load (ggml repacks what its CPU kernels can) and one with those weights in plain memory. The
+    one-op profile times each weight in both layouts, but its plain times missed the real graph's
+    (the full 8B's decode: plain 1.38x repacked, measured; 1.09x, profiled;
+    bench/results/2026-11-24-vm-layout-scale); the plan fits a factor from these walls
+    (`context.plain_factor`). None when a default load repacks nothing."""
+    from ..runtime.generate import prompt_tokens
+    from ..runtime.llama import Llama
+
+    out: dict[str, Any] = {"n_past": n_prefill, "sizes": {}}
+    layouts: dict[str, str] = {}
+    for what in ("default", "plain"):
+        try:
+            llm = Llama(str(path), devices=["CPU"], layouts=layouts or None, n_ctx=n_ctx, n_batch=max(sizes), n_ubatch=max(sizes),
+                        n_threads=threads, n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False,
+                        n_gpu_layers=0, op_offload=False)
+        except (OallamaError, ValueError, RuntimeError) as e:
+            raise ProfileError(f"calibration: could not load {path} ({what} layouts load): {e}") from None
+        try:
+            if what == "default":
+                repacked = [t for t in llm.tensor_placements() if t.buffer_type == "CPU_REPACK"]
+                if not repacked:
+                    return None
+                layouts = {t.name: "CPU" for t in repacked}
+                out.update(n_weights=len(repacked), weight_bytes=sum(t.nbytes for t in repacked))
+            tokens = prompt_tokens(llm, n_ctx)
+            for n in sizes:
+                if n == 1:
+                    us = statistics.fmean(decode_walls(llm, tokens, n_prefill, reps))
+                else:
+                    timed_eval(llm, None, [], tokens[:n], [])  # warm-up (graph build, allocation)
+                    us = statistics.median(timed_eval(llm, None, [], tokens[:n], []).wall_us for _ in range(reps))
+                out["sizes"].setdefault(str(n), {})[f"{what}_us"] = us
+        finally:
+            llm.close()
+    return out
 
 
 def layers_that_fit(info: Any, acc: Any, n_layer: int) -> int:

@@ -37,6 +37,7 @@ class Round:
     # accelerator -> (n_tokens, n_past) -> us outside the graph of that pass in a host load without
     # the accelerator attached (merged: the median over the rounds)
     alone: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
+    layouts: dict[str, Any] | None = None  # the host's passes repacked and plain (`realpass.measure_layouts`)
 
 
 def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
@@ -83,7 +84,7 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
     least = min(with_detached, key=lambda i: sum(rounds[i].outside.values()))
     return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds))
+                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds), layouts=rounds[0].layouts)
 
 
 def middle(values: Sequence[float]) -> float:

@@ -216,6 +216,7 @@ class PassModel:
         self.overhead_us = 0.0  # the pass's time outside its graph
         self.detached_us = 0.0  # of it: what an attached accelerator adds when the pass runs nothing on it
         self.split_us = 0.0  # a change of device's cost beyond the issue (calibrated; `set_split_cost`)
+        self.plain_factor = 1.0  # the plain layout's times over their profiled ones (calibrated; `set_plain_factor`)
         if profile is not None:
             from .graph import target_ops
 
@@ -417,6 +418,15 @@ class PassModel:
         """The pass's cost that no placement changes: outside the graph, less the first split's
         change-of-device cost, which every split's launch includes."""
         return self.overhead_us - self.split_us
+
+    def set_plain_factor(self, f: float) -> None:
+        """Scale the plain-memory times of the host matmuls a default load repacks by `f` (see
+        `planner.context.plain_factor`): the calibration's host factors were fitted on the repacked
+        layout, and the real graph ran the plain one slower than the one-op profile did."""
+        for i, lays in self.t_layout.items():
+            if self.default_layout.get(i) != PLAIN and PLAIN in lays:
+                lays[PLAIN] *= f / self.plain_factor
+        self.plain_factor = f
 
     def set_stream(self, link: Link) -> None:
         """Cost streamed host weights with `link` (see `planner.context.stream_link`)."""
