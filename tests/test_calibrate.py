@@ -602,6 +602,24 @@ def test_short_calibrations_keep_each_pass_from_its_fastest_round(monkeypatch: p
     assert calls == [True]
 
 
+def test_layouts_keep_the_round_with_the_median_ratio() -> None:
+    # each round's host passes repacked and plain, back to back: a slow phase of the machine during one
+    # of the two loads moves that round's ratio, the median round's pair is kept per pass size
+    from oallama.planner.rounds import Round, merge_rounds
+
+    def rnd(decode: tuple[float, float], prompt: tuple[float, float]) -> Round:
+        sizes = {"1": {"default_us": decode[0], "plain_us": decode[1]},
+                 "32": {"default_us": prompt[0], "plain_us": prompt[1]}}
+        return Round([], [], {}, layouts={"n_past": 32, "n_weights": 4, "sizes": sizes})
+
+    m = merge_rounds([rnd((100, 90), (1000, 1250)), rnd((100, 140), (1000, 980)), rnd((150, 165), (900, 950))])
+    assert m.layouts is not None
+    assert m.layouts["sizes"]["1"] == {"default_us": 150, "plain_us": 165}  # ratios 0.9, 1.4, 1.1
+    assert m.layouts["sizes"]["32"] == {"default_us": 900, "plain_us": 950}  # 1.25, 0.98, 1.056
+    assert m.layouts["n_weights"] == 4 and len(m.layouts["rounds"]) == 3
+    assert merge_rounds([Round([], [], {})]).layouts is None
+
+
 def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.MonkeyPatch) -> None:
     # a software GPU's load makes a round too long to repeat (lavapipe's MoE round: 82 s), which would
     # leave the host's passes in the state the machine was in (its host decode 5.9 ms there, 3.5 in

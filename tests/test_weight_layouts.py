@@ -133,6 +133,7 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
     m = cpu_context.profile.calibration.layouts
     assert m is not None and m["n_weights"] == len(_repacked(q4_0_model)) > 0
     assert "1" in m["sizes"] and all(v["default_us"] > 0 and v["plain_us"] > 0 for v in m["sizes"].values())
+    assert len(m["rounds"]) == len(cpu_context.profile.calibration.rounds_outside)  # every round measured it
     sizes = sorted(int(n) for n in m["sizes"])
     ctx = build_context(q4_0_model, None, Workload(prompt=sizes[-1], gen=4, n_ubatch=sizes[-1]),
                         profile=cpu_context.profile, threads=2, progress=False)

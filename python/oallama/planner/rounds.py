@@ -84,7 +84,23 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
     least = min(with_detached, key=lambda i: sum(rounds[i].outside.values()))
     return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds), layouts=rounds[0].layouts)
+                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds), layouts=_layouts(rounds))
+
+
+def _layouts(rounds: Sequence[Round]) -> dict[str, Any] | None:
+    """The host's passes repacked and plain: per pass size, the pair of walls from the round whose
+    plain / repacked ratio is the median (`middle`) of the rounds that measured it; `rounds` keeps every
+    round's ratios."""
+    measured = [r.layouts for r in rounds if r.layouts]
+    if not measured:
+        return None
+    out: dict[str, Any] = {**measured[0], "sizes": {}}
+    for n in {n for m in measured for n in m["sizes"]}:
+        pairs = [m["sizes"][n] for m in measured if n in m["sizes"]]
+        ratio = middle([p["plain_us"] / p["default_us"] for p in pairs])
+        out["sizes"][n] = next(p for p in pairs if p["plain_us"] / p["default_us"] == ratio)
+    out["rounds"] = [{n: v["plain_us"] / v["default_us"] for n, v in m["sizes"].items()} for m in measured]
+    return out
 
 
 def middle(values: Sequence[float]) -> float:
