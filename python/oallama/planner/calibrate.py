@@ -54,10 +54,11 @@ split the one-op launch does not see (a CPU<->GPU synchronisation at each change
 H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 `context.split_cost`). A mixture of experts' routing is recorded in one prompt pass on the host (how
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
-routing.py). The host's passes are timed once more in two loads back to back, a default one (ggml
-repacks the weights its kernels can) and one with those weights in plain memory (`layouts`): a plan
-that lays weights out scales their plain one-op times to the ratio of the two (`context.plain_factor`;
-the full 8B's decode ran 1.38x slower plain, where the one-op profile gave 1.09x). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+routing.py). Every round also times the host's passes in two loads back to back, a default one (ggml
+repacks the weights its kernels can) and one with those weights in plain memory (`layouts`, the round
+with the median ratio kept): a plan that lays weights out scales their plain one-op times to that ratio
+(`context.plain_factor`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
+1.09x). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
 This module measures; the fits are calfit.py's, each weight matmul shape's share mmshares.py's.
 """
 
