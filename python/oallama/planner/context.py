@@ -302,7 +302,7 @@ def plain_factor(pm: PassModel, measured: Mapping[str, Any] | None) -> float | N
     weights take the difference. None without a measurement or anything to scale."""
     sizes = {int(n): v["plain_us"] / v["default_us"] for n, v in ((measured or {}).get("sizes") or {}).items()
              if v.get("default_us", 0) > 0 and v.get("plain_us", 0) > 0}
-    scaled = [i for i, lays in pm.t_layout.items() if pm.default_layout.get(i) != PLAIN and PLAIN in lays]
+    scaled = pm.repacked_by_default()
     if not sizes or not scaled:
         return None
     ratio = interpolated(sizes, pm.n_tokens)

@@ -423,10 +423,14 @@ class PassModel:
         """Scale the plain-memory times of the host matmuls a default load repacks by `f` (see
         `planner.context.plain_factor`): the calibration's host factors were fitted on the repacked
         layout, and the real graph ran the plain one slower than the one-op profile did."""
-        for i, lays in self.t_layout.items():
-            if self.default_layout.get(i) != PLAIN and PLAIN in lays:
-                lays[PLAIN] *= f / self.plain_factor
+        for i in self.repacked_by_default():
+            self.t_layout[i][PLAIN] *= f / self.plain_factor
         self.plain_factor = f
+
+    def repacked_by_default(self) -> list[int]:
+        """Host matmuls timed in plain memory whose weight a default load repacks (what
+        `set_plain_factor` scales)."""
+        return [i for i, lays in self.t_layout.items() if self.default_layout.get(i) != PLAIN and PLAIN in lays]
 
     def set_stream(self, link: Link) -> None:
         """Cost streamed host weights with `link` (see `planner.context.stream_link`)."""

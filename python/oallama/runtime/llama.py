@@ -357,7 +357,7 @@ class Llama(llama_cpp.Llama):
                 raise _rpc_error(failed, "loading", model_path)
             _check_decodes(self._ctx, self._rpc_endpoints, model_path)
         # every context gets one more scheduler reserve before its first decode (setting a policy
-        # makes it): llama.cpp's context as created ran tiny's passes on Vulkan0 (lavapipe) 27-37%
+        # makes it): llama.cpp's context as created ran tiny's prompts on Vulkan0 (lavapipe) 1.29-1.41x
         # slower than after it, so plans with and without a policy ran in two states and the
         # calibration timed the slower one (bench/results/2026-11-24-vm-vulkan-reserve/); on a
         # loopback rpc-server and on qwen3moe-small it changed nothing measurable. A vocabulary-only
