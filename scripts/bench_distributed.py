@@ -16,7 +16,8 @@ llama-shaped, n_embd 1024, 16 blocks, q8_0 (~220 MB), written once under the cac
 Emulated devices share this host's CPU and RAM: each rpc-server gets the scenario's thread
 count, and the memory a device offers is the scenario's (written into the devices file the
 planner reads). Timings are medians over --reps generations after a warm-up, each request
-after 1 s of idle link (a user's next prompt: TCP restarts slow start, which the model counts).
+after 1 s of idle link (a user's next prompt: a CUBIC or Reno kernel restarts slow start, BBR does
+not; the devices file records the client's settings and the model follows them).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ HERE = Path(__file__).resolve().parent
 STRATEGIES = ("milp", "memory", "equal")
 MODEL_PRESET = "mid"
 N_PROMPT, N_GEN, N_CTX = 32, 16, 256
-IDLE_S = 1.0  # pause before each timed request (s): longer than TCP's retransmission timeout
+IDLE_S = 1.0  # pause before each timed request (s): longer than TCP's retransmission timeout (a CUBIC or
+# Reno kernel restarts slow start, as modelled; BBR keeps its window)
 
 
 def _machine() -> dict[str, Any]:
@@ -184,7 +186,7 @@ def run_client(endpoints: list[str], memory: list[int] | None, label: str, out: 
             timed_generate(llm, tokens, 4)  # warm-up
             gens = []
             for _ in range(reps):
-                time.sleep(IDLE_S)  # a request after an idle link: TCP restarts slow start (as modelled)
+                time.sleep(IDLE_S)  # a request after an idle link (problem.restarts_after_idle)
                 gens.append(timed_generate(llm, tokens, N_GEN))
         finally:
             llm.close()
@@ -387,8 +389,8 @@ def report(out: Path) -> None:
                   f"With the FLOP model alone (weight-matmul FLOPs over probed FLOP/s, the patent's T_compute): TTFT "
                   f"{errs('ttft', 'flops_only')}; TPOT {errs('tpot', 'flops_only')}.", "",
                   "Predicted = the client's part of the pass + each block's compute on its device + one latency "
-                  "and one transfer per link crossing (TCP slow start in the prompt's pass, lost segments' "
-                  "recovery on a lossy link). With the blocks timed (`oallama.cluster.timing`), a block's compute "
+                  "and one transfer per link crossing (TCP slow start in the prompt's pass where the client's kernel "
+                  "restarts a window after an idle link, lost segments' recovery on a lossy link). With the blocks timed (`oallama.cluster.timing`), a block's compute "
                   "is its time in the model's real graph on the client (1 thread here), scaled by the device's "
                   "probed FLOP/s over the client's, plus what an rpc-server adds per block; the client's part is "
                   "the real pass's time outside its blocks (embedding, output head, graph, sampling); a visit of a "

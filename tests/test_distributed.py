@@ -50,6 +50,8 @@ def test_devices_file_minimal_fields() -> None:
     (lambda d: d["devices"][0].update(flops={"1": -1}), "FLOP/s must be positive"),
     (lambda d: d.update(schema="other/1"), "expected 'oallama.devices/1'"),
     (lambda d: d.update(devices=[]), "non-empty 'devices'"),
+    (lambda d: d["client"].update(tcp={"slow_start_after_idle": "yes"}), r"client.tcp.slow_start_after_idle"),
+    (lambda d: d["client"].update(tcp="bbr"), r"client.tcp must be an object"),
 ])
 def test_devices_file_errors_name_the_field(edit, match: str) -> None:
     doc = _doc(2)
@@ -271,6 +273,36 @@ def test_a_lossy_link_delays_each_crossing_by_its_segments_recovery(loss: float)
         assert b["compute_s"] == a["compute_s"]
 
 
+@pytest.mark.parametrize(("tcp", "restarts"), [
+    ({"congestion_control": "cubic", "slow_start_after_idle": 1}, True),
+    ({"congestion_control": "reno", "slow_start_after_idle": 1}, True),
+    ({"congestion_control": "bbr", "slow_start_after_idle": 1}, False),
+    ({"congestion_control": "cubic", "slow_start_after_idle": 0}, False),
+    ({}, True),
+], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "unknown" if isinstance(v, dict) else str(v))
+def test_the_prompt_pays_slow_start_only_where_the_kernel_restarts_the_window(tcp: dict, restarts: bool) -> None:
+    """A request's prompt after an idle link starts from TCP's initial window where the client's
+    kernel restarts it (CUBIC, Reno with net.ipv4.tcp_slow_start_after_idle = 1), not with BBR or
+    the restart switched off (the committed idle_window experiments: TTFT over a 31-ms link 293 ->
+    482 ms from 0.05 to 8 s of idle under CUBIC, flat under BBR); decode never pays it."""
+    cost, _ = D.synthetic_instance(4, 1, 0, uniform=True)
+    doc = _doc(1, rtt_s=0.03)
+    doc["devices"][0]["memory_free"] = 2**40
+    doc["client"]["tcp"] = tcp
+    cluster = D.parse_devices(doc)
+    assert cluster.idle_restart is restarts
+    assert cost.blocks[0].act_in_bytes[64] > 64 * 1448  # many initial windows' worth
+    opts = D.DistOptions(n_prompt=64, n_gen=2)
+    got = D.predict(cost, cluster, [0] * 4, opts).stages
+    warm = D.predict(cost, cluster, [0] * 4, replace(opts, tcp_initial_window=0)).stages
+    assert got["decode"] == warm["decode"]
+    extra = got["prefill"]["transfer_s"] - warm["prefill"]["transfer_s"]
+    if restarts:  # 64 windows of 10 segments take 6 doublings
+        assert extra >= 6 * 0.03 - 1e-9
+    else:
+        assert extra == 0
+
+
 # --- a real model ----------------------------------------------------------------------------
 
 
@@ -323,6 +355,15 @@ def devices_file(two_servers: list, tmp_path_factory: pytest.TempPathFactory, ti
     path = tmp_path_factory.mktemp("dist") / "devices.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def test_the_probe_records_the_client_kernels_tcp_settings(devices_file: Path) -> None:
+    doc = json.loads(devices_file.read_text())
+    ipv4 = Path("/proc/sys/net/ipv4")
+    assert doc["client"]["tcp"] == {
+        "congestion_control": (ipv4 / "tcp_congestion_control").read_text().strip(),
+        "slow_start_after_idle": int((ipv4 / "tcp_slow_start_after_idle").read_text())}
+    assert D.read_devices(devices_file).idle_restart is D.restarts_after_idle(doc["client"]["tcp"])
 
 
 @pytest.mark.parametrize("shares", [[1, 1], [3, 1], [1, 3], [2, 3], [0, 1], [1, 0]], ids=str)

@@ -43,6 +43,7 @@ from .problem import (
     model_cost,
     parse_devices,
     read_devices,
+    restarts_after_idle,
     violation,
 )
 from .solver import Solution, dp_tractable, solve, solve_dp
@@ -53,5 +54,5 @@ __all__ = [
     "DeviceSpec", "DistOptions", "DistPlan", "LinkSpec", "ModelCost", "Prediction", "Problem", "Solution",
     "Terms", "baseline", "baseline_plan", "brute_force", "build_problem", "dp_tractable", "evaluate",
     "layer_split", "load", "model_cost", "parse_devices", "plan", "plan_model", "predict", "read_devices",
-    "read_plan", "solve", "solve_dp", "synthetic_instance", "time_blocks", "violation",
+    "read_plan", "restarts_after_idle", "solve", "solve_dp", "synthetic_instance", "time_blocks", "violation",
 ]

@@ -470,6 +470,19 @@ def measure_client(opts: ProbeOptions) -> dict[str, Any]:
     return {"name": "CPU", "threads": threads, "flops": flops, "description": platform.processor() or platform.machine()}
 
 
+def tcp_settings() -> dict[str, Any]:
+    """The client kernel's TCP settings that decide whether a request after an idle link starts
+    from TCP's initial window (problem.restarts_after_idle), as this process's network namespace
+    sees them; {} where they cannot be read (not Linux)."""
+    out: dict[str, Any] = {}
+    base = Path("/proc/sys/net/ipv4")
+    with contextlib.suppress(OSError):
+        out["congestion_control"] = (base / "tcp_congestion_control").read_text().strip()
+    with contextlib.suppress(OSError, ValueError):
+        out["slow_start_after_idle"] = int((base / "tcp_slow_start_after_idle").read_text())
+    return out
+
+
 def device_name(endpoint: str, index: int) -> str:
     """oallama's name of a server's device (see oallama.runtime.devices): RPC[ep], RPC[ep]#1, ..."""
     return f"RPC[{endpoint}]" if index == 0 else f"RPC[{endpoint}]#{index}"
@@ -517,6 +530,7 @@ def probe(endpoints: Sequence[str], opts: ProbeOptions | None = None, *, client:
     if client:
         say("client CPU: matmul ...")
         doc["client"] = measure_client(opts)
+    doc.setdefault("client", {})["tcp"] = tcp_settings()
     for k, ep in enumerate(endpoints):
         say(f"[{k + 1}/{len(endpoints)}] {ep}")
         doc["devices"].extend(probe_device(ep, opts, say))

@@ -41,10 +41,11 @@ decides as follows (and says so in every plan file, under "formulation"):
   ms, w_q3 * PLR^2 is ms (1% loss: 1 ms per crossing; 10%: 100 ms).
 * E_p. The patent's 0.3 turns a *nominal* link rate into goodput. The probe measures goodput
   through ggml-rpc itself, so the default here is E_p = 1; use 0.3 with nominal rates.
-* t. The patent's O / (E_p B) plus, by default, the round trips of TCP slow start for a large
-  transfer (a prefill's activations) on a connection that carried small messages: on a 30 ms
-  link a 128 KiB activation takes 3 extra round trips, which the benchmark measured
-  (tcp_initial_window=0 gives the patent's t alone); and on a lossy link, each segment's chance of
+* t. The patent's O / (E_p B) plus, where the client's kernel restarts a window after an idle
+  link (Linux with CUBIC or Reno: restarts_after_idle; the probe records the settings), the round
+  trips of TCP slow start for the prompt's transfers: on a 30 ms link a 128 KiB activation takes 3
+  extra round trips (tcp_initial_window=0 gives the patent's t alone); BBR keeps its window, and a
+  prompt after 8 s of idle took as long as one after 0.05 s; and on a lossy link, each segment's chance of
   loss times its recovery, loss_recovery_rtts round trips (Linux's tail-loss probe fires after 2
   smoothed round trips; a fast retransmit takes about one).
 * Compute. eps_ij = FLOPs_j / FLOPS_i counts block j's weight matmuls only. With the blocks timed
@@ -168,12 +169,28 @@ class Cluster:
     client_flops: dict[int, float]  # tokens -> FLOP/s of the client (output head)
     source: str = "<memory>"
     matmul: tuple[int, int] = (4096, 4096)  # [k, m] of the q8_0 matmul the devices' FLOP/s are of
+    # whether a connection's window restarts from TCP's initial window after an idle link (the
+    # client kernel's settings, see restarts_after_idle; the devices' kernels are taken as the same)
+    idle_restart: bool = True
 
     def device(self, name: str) -> DeviceSpec:
         for d in self.devices:
             if d.name == name:
                 return d
         raise PlanError(f"{self.source}: no device named {name}")
+
+
+def restarts_after_idle(tcp: Mapping[str, Any]) -> bool:
+    """Whether a kernel with these TCP settings ({"congestion_control": ..., "slow_start_after_idle":
+    0/1}, as the probe records them) restarts a connection's window after an idle longer than its
+    retransmission timeout (RFC 2861). Linux does (tcp_slow_start_after_idle_check) only with
+    net.ipv4.tcp_slow_start_after_idle = 1 and a congestion control without a cong_control of its
+    own: CUBIC and Reno restart, BBR does not (it keeps its window and paces at its bandwidth
+    estimate; on the project's VM, BBR's default, a request's TTFT over a 31-ms link was the same
+    after 0.05 and 8 s of idle: bench/results/2026-11-24-vm-distributed/experiments). Unknown
+    settings: True, the assumption that costs more."""
+    cc = str(tcp.get("congestion_control", ""))
+    return int(tcp.get("slow_start_after_idle", 1)) != 0 and not cc.startswith("bbr")
 
 
 def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
@@ -215,11 +232,20 @@ def parse_devices(doc: Mapping[str, Any], source: str = "<devices>") -> Cluster:
     if not isinstance(client, Mapping):
         raise PlanError(f"{source}: 'client' must be an object (with 'flops'), not {client!r}")
     client_flops = _flops_table(client["flops"], f"{source}: client") if "flops" in client else {1: math.inf}
+    tcp = client.get("tcp", {})
+    if not isinstance(tcp, Mapping):
+        raise PlanError(f"{source}: client.tcp must be an object (congestion_control, slow_start_after_idle), "
+                        f"not {tcp!r}")
+    try:
+        idle_restart = restarts_after_idle(tcp)
+    except (TypeError, ValueError):
+        raise PlanError(f"{source}: client.tcp.slow_start_after_idle must be 0 or 1, "
+                        f"not {tcp.get('slow_start_after_idle')!r}") from None
     shapes = {(int(d["matmul"]["k"]), int(d["matmul"]["m"])) for d in doc["devices"]
               if isinstance(d.get("matmul"), Mapping) and "k" in d["matmul"] and "m" in d["matmul"]}
     if len(shapes) > 1:
         raise PlanError(f"{source}: devices were probed with different matmuls {sorted(shapes)}: probe them together")
-    return Cluster(out, client_flops, source, *shapes)
+    return Cluster(out, client_flops, source, *shapes, idle_restart=idle_restart)
 
 
 def read_devices(path: str | Path) -> Cluster:
@@ -391,7 +417,8 @@ class DistOptions:
     loss_recovery_rtts: float = option(2.0, help="round trips a lost TCP segment delays its message (expected "
                                        "delay per crossing: segments x loss rate x this x round trip)")
     tcp_initial_window: int = option(10, flag="--tcp-iw", help="TCP initial window (segments) for the slow-start "
-                                     "term of t (see transfer_s); 0: the patent's t")
+                                     "term of t (see transfer_s), where the client's kernel restarts the window "
+                                     "after an idle (CUBIC, Reno; not BBR); 0: the patent's t")
     objective: str = option("e2e", choices=OBJECTIVES, help="what to minimise: e2e = prefill + (n_gen - 1) "
                             "decodes, or one stage")
     n_prompt: int = option(64, help="prompt tokens of a request (prefill stage)")
@@ -507,7 +534,9 @@ def build_problem(cost: ModelCost, cluster: Cluster, opts: DistOptions) -> Probl
                 extra_up, extra_down = cost.visit_bytes(tokens)
                 o_in = b.act_in_bytes[tokens] + extra_up
                 o_out = (cost.blocks[j + 1].act_in_bytes[tokens] if j + 1 < n else cost.out_bytes[tokens]) + extra_down
-                cold = tokens > 1  # the prompt's pass: the first of a request
+                # the prompt's pass, the first of a request after an idle link: slow start again
+                # where the kernel restarts the window
+                cold = tokens > 1 and cluster.idle_restart
                 t_up = transfer_s(o_in, ln.bandwidth_up_Bps, 2 * ln.latency_s, opts, ln.loss, cold=cold) * 1e3  # ms
                 t_down = transfer_s(o_out, ln.bandwidth_down_Bps, 2 * ln.latency_s, opts, ln.loss, cold=cold) * 1e3
                 entry[i, j] += weight * (ln.latency_s * 1e3 + t_up)
