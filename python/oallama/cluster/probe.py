@@ -15,8 +15,10 @@ For each device (the first one named is device 0, which holds block 0 in every p
   the delays a small message (a token's activation) meets: the patent's max - min, over the
   central 80% of the 1-byte round trips (p90 - p10; raw ranges and the payloads' ranges are
   stored beside it); loss = retransmitted / sent TCP segments of the
-  client -> device direction over the whole probe, less those the receiver reported as
-  duplicates (D-SACK: spurious, e.g. tail-loss probes); Linux TCP_INFO; the sample is stored.
+  client -> device direction, less those the receiver reported as duplicates (D-SACK:
+  spurious, e.g. tail-loss probes), over payloads sent paced at half the up goodput (so that
+  the sample counts what the link drops, not the drops of a queue the probe itself fills);
+  Linux TCP_INFO; the sample is stored.
 
 Link and compute are measured over a connection of our own that speaks ggml-rpc's wire
 protocol (version 7: HELLO, ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR, GET_TENSOR,
@@ -39,7 +41,7 @@ import statistics
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -244,6 +246,21 @@ class RpcClient:
     def tcp_counters(self) -> TcpCounters | None:
         return TcpCounters.read(self.sock)
 
+    @contextlib.contextmanager
+    def paced(self, rate_Bps: float) -> Iterator[bool]:
+        """The connection's sending rate capped (bytes/s) while inside: Linux's SO_MAX_PACING_RATE,
+        which TCP's internal pacing honours without the fq qdisc. Yields whether the cap is set."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("I", min(int(rate_Bps), 2**32 - 2)))
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("I", 2**32 - 1))  # no cap
+
     def close(self) -> None:
         """Close with a reset (SO_LINGER 0). A plain close can kill rpc-server: if it still has
         a reply to write (a HELLO queued while it served another client, a request cut short),
@@ -269,6 +286,7 @@ class RpcClient:
 class ProbeOptions:
     payload_bytes: int = MIB  # fixed-size payload of the bandwidth/jitter samples (bytes)
     samples: int = 10  # payloads each way
+    loss_payloads: int = 4  # payloads sent paced at half the up goodput for the loss sample (2,900 segments of 1 MiB)
     rtt_samples: int = 30  # 1-byte round trips
     warmup: int = 3  # payloads each way before measuring (TCP slow start)
     matmul_k: int = 4096  # weight row length of the compute probe
@@ -278,6 +296,9 @@ class ProbeOptions:
     compute_repeats: int = 5  # compute samples per token count (the fastest kept)
     client_threads: int | None = None  # threads of the client's matmul probe (llama-cpp's default)
     timeout_s: float = 60.0  # per socket operation (s)
+
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux; Python's socket module lacks it
 
 
 def _timed(fn: Any) -> float:
@@ -312,10 +333,20 @@ def measure_link(client: RpcClient, opts: ProbeOptions, device: int = 0) -> dict
             client.get(t_small, 1)  # answered once the server has applied the upload
 
         up = [_timed(upload) for _ in range(opts.samples)]
+        rtt_med = statistics.median(rtt)
+        # loss: what the link drops, not what a bulk transfer makes a full bottleneck queue drop
+        # (a loss-based congestion control such as CUBIC finds the rate by overflowing it: 0.2-0.3%
+        # of the unpaced probe's segments on clean emulated links, bench/results/2026-11-24-vm-
+        # distributed). A request's messages are far below the rate; so is this sample: paced at
+        # half the up goodput, no queue builds
+        pace = size / max(statistics.median(up) - rtt_med, 1e-7) / 2  # bytes/s
+        before = client.tcp_counters()
+        with client.paced(pace) as paced:
+            for _ in range(opts.loss_payloads):
+                upload()
         after = client.tcp_counters()
     finally:
         client.free(buf)
-    rtt_med = statistics.median(rtt)
 
     def goodput(delays: list[float]) -> float:
         return size / max(statistics.median(delays) - rtt_med, 1e-7)  # bytes/s
@@ -345,7 +376,7 @@ def measure_link(client: RpcClient, opts: ProbeOptions, device: int = 0) -> dict
         spurious = min(after.dsack_dups - before.dsack_dups, retrans)
         out["loss"] = (retrans - spurious) / sent if sent > 0 else 0.0
         out["loss_sample"] = {"direction": "client->device", "segments_sent": sent, "segments_retransmitted": retrans,
-                              "spurious_retransmissions": spurious}
+                              "spurious_retransmissions": spurious, "paced_Bps": pace if paced else None}
         out["tcp_min_rtt_s"] = after.min_rtt_us / 1e6
     return out
 
