@@ -238,7 +238,8 @@ FORMULATION = (
     "penalties counted per link crossing (client->block 0, each device change between consecutive "
     "blocks = exit over the old device's link + entry over the new one's, last block->client), "
     "the product x_i,j-1 x_k,j linearised by w_jik with sum_k w_jik = x_i,j-1, sum_i w_jik = x_k,j; "
-    "t = O/(E_p B) + TCP slow-start round trips; complexity = w_c per device used; memory "
+    "t = O/(E_p B) + TCP slow-start round trips where the kernel restarts an idle window; complexity = w_c per "
+    "device used; memory "
     "sum_j (weights_j + KV_j) x_ij <= beta free_i; block 0 on device 0 (first device of the devices "
     "file); optional contiguity (each device entered at most once)"
 )
