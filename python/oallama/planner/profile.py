@@ -338,12 +338,21 @@ def shapes_hash(inv: Inventory) -> str:
 def device_identity(d: devmod.Device) -> str:
     """What a measurement on `d` is valid for. An rpc-server on this machine is the same device
     whatever port it listens on (oallama starts them on free ports)."""
+    # the CPUs this process may use, where restricted (taskset): on one shared CPU or two, a
+    # loopback rpc-server's visits cost differently (rpc.restricted_cpus)
+    pinned = rpcmod.restricted_cpus()
+    mine = f":cpus={pinned}" if pinned else ""
     if d.kind == "rpc":
         host, port = devmod.parse_endpoint(d.description)
         if host in ("127.0.0.1", "localhost", "::1"):
             # the server's times depend on its threads (any port: oallama starts them on free ones)
-            return f"rpc:loopback:{_cpu_name()}:threads={rpcmod.server_threads(host, port) or 'default'}"
+            pid = rpcmod.listening_pid(host, port)
+            theirs = rpcmod.restricted_cpus(pid) if pid is not None else None
+            return (f"rpc:loopback:{_cpu_name()}:threads={rpcmod.server_threads(host, port) or 'default'}"
+                    + (f":server_cpus={theirs}" if theirs else "") + mine)
         return f"rpc:{d.description}"
+    if d.kind == "cpu":
+        return f"{d.kind}:{d.name}:{d.description}{mine}"
     return f"{d.kind}:{d.name}:{d.description}"
 
 

@@ -69,6 +69,32 @@ def server_threads(host: str, port: int) -> int | None:
     return None
 
 
+def restricted_cpus(pid: int = 0) -> str | None:
+    """The CPUs a process (0: this one) may run on, as Linux lists them ("0", "2-3"), where that
+    is fewer than the machine's; None when unrestricted or unknown. Where a client and a loopback
+    rpc-server run decides what a visit of the server costs: on the project's 2-core VM a tiny
+    model's decode with 12 splits took 0.77-0.95 ms with both on one CPU and a median 1.2-1.5 ms
+    (p90 up to 3.6) where the kernel placed them (bench/results/2026-11-25-vm-tiny-visits)."""
+    try:
+        allowed = os.sched_getaffinity(pid)
+    except (OSError, AttributeError):
+        return None
+    online = os.cpu_count() or 0
+    if len(allowed) >= online:
+        return None
+    cpus = sorted(allowed)
+    runs: list[str] = []
+    start = prev = cpus[0]
+    for c in [*cpus[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(runs)
+
+
 def bytes_acked(port: int) -> int:
     """Bytes this process has sent on its one TCP connection to `port` (an rpc-server it uses)
     that the peer acknowledged: the kernel's tcp_info.tcpi_bytes_acked (a u64 at offset 120,
