@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -219,6 +220,8 @@ def test_time_limit_stops_cleanly_and_a_rerun_finishes(synth_model, tmp_path: Pa
     (["--gen", "0"], "--gen"),
     (["--reps", "0"], "--reps"),
     (["--anchor", "100,4"], "--anchor"),
+    (["--rpc-cpus", "4096"], "--rpc-cpus 4096: this process may use CPUs"),
+    (["--rpc-cpus", ",".join(map(str, sorted(os.sched_getaffinity(0))))], "leaving the client at least one"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(synth_model, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 args: list[str], message: str) -> None:
@@ -544,3 +547,11 @@ def test_predicted_passes_carry_every_numeric_key() -> None:
                     "compute_ms", "splits", "new_ms"]
     assert [(r["n_tokens"], r["compute_ms"], r.get("new_ms")) for r in rows] == [(1, 1.0, None), (64, 2.0, 0.5)]
     assert rows[0]["strategy"] == "optimal" and rows[0]["budget"] == "50%"
+
+
+def test_rpc_cpus_place_the_local_server_only(tmp_path: Path) -> None:
+    from oallama.bench.harness import BenchOptions
+    from oallama.errors import PlanError
+
+    with pytest.raises(PlanError, match="--rpc-cpus places the --rpc-local server"):
+        BenchOptions(models=[tmp_path / "m.gguf"], rpc_cpus=(0,)).check()

@@ -108,3 +108,27 @@ def test_memory_of_a_gone_server_is_not_fatal() -> None:
     assert gone.memory_total == 0
     with pytest.raises(RpcServerError, match="cannot reach rpc-server"):
         devices.device_memory(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs CPU affinity and two CPUs")
+def test_a_pinned_local_server_runs_on_its_cpus_and_the_client_beside_it() -> None:
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+    with rpc.local_server_if(True, 1, cpus=(cpu,)) as srv:
+        assert srv is not None
+        tasks = os.listdir(f"/proc/{srv.pid}/task")
+        assert all(os.sched_getaffinity(int(t)) == {cpu} for t in tasks)
+        assert os.sched_getaffinity(0) == mine - {cpu}
+        assert rpc.restricted_cpus(srv.pid) == str(cpu)
+        srv.check()
+    assert os.sched_getaffinity(0) == mine  # restored
+
+
+def test_cpus_a_server_or_client_cannot_have_are_named() -> None:
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(RpcServerError, match="CPUs 4096: this process may use only"):
+        rpc.start_server(threads=1, cpus=(4096,))
+    with pytest.raises(RpcServerError, match="leaves the client none"):
+        rpc.beside(tuple(mine))
+    assert os.sched_getaffinity(0) == mine

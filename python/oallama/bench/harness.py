@@ -38,6 +38,7 @@ measurements disagree by more than 5% (`accuracy.compare_repeats`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -165,6 +166,10 @@ class BenchOptions:
     rpc_local: bool = option(False, help="without a GPU, start a loopback rpc-server as the accelerator (proves "
                              "the harness only)")
     rpc_threads: int = option(1, help="threads of that rpc-server")
+    rpc_cpus: tuple[int, ...] | None = option(None, metavar="CPU,...", help="CPUs of that rpc-server; the client "
+                                              "then runs on the others (a device of its own: where the kernel "
+                                              "moves both, a visit of the server costs up to 3x more)",
+                                              default_help="wherever the kernel puts them")
     max_minutes: float | None = option(None, help="stop launching (and stop a worker) before this many minutes; "
                                        "rerun to resume")
     config_timeout_s: float = option(1800.0, flag="--config-timeout", help="seconds one configuration may take "
@@ -201,6 +206,13 @@ class BenchOptions:
             raise PlanError(f"--anchor {self.anchor[0]},{self.anchor[1]}: must be one of the listed prompts and gens")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise PlanError("--max-minutes must be > 0")
+        if self.rpc_cpus is not None:
+            mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+            if not self.rpc_local:
+                raise PlanError("--rpc-cpus places the --rpc-local server: use the two together")
+            if not set(self.rpc_cpus) <= mine or not mine - set(self.rpc_cpus):
+                raise PlanError(f"--rpc-cpus {format_default(self.rpc_cpus)}: this process may use CPUs "
+                                f"{format_default(sorted(mine))}; name some of them, leaving the client at least one")
 
     def workloads(self) -> list[tuple[int, int]]:
         """(prompt, gen) pairs, the anchor first (what the paper's end-to-end figure uses)."""
@@ -269,15 +281,16 @@ def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
     os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [saved["GLIBC_TUNABLES"],
                                                           "glibc.malloc.mmap_threshold=65536"]))
     try:
-        server = rpc.start_server(threads=opts.rpc_threads)
+        server = rpc.start_server(threads=opts.rpc_threads, cpus=opts.rpc_cpus)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    on = f", on CPU(s) {','.join(map(str, opts.rpc_cpus))}, the client on the others" if opts.rpc_cpus else ""
     _log(f"started a loopback rpc-server as the accelerator: {server.device_name} (pid {server.pid}, "
-         f"{opts.rpc_threads} thread(s)); its timings only prove the harness")
+         f"{opts.rpc_threads} thread(s){on}); its timings only prove the harness")
     return devmod.resolve(server.device_name), server
 
 
@@ -344,7 +357,10 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
     if opts.flash_attn and opts.progress:
         _log("note: the planner's graphs are built without flash attention; predictions assume it off")
     dev, server = _accelerator(opts)
+    pins = contextlib.ExitStack()
     try:
+        # the client beside a pinned server, before the profile key is made (it names the CPUs)
+        pins.enter_context(rpc.beside(opts.rpc_cpus if server is not None else None))
         threads = opts.threads or Settings(max((os.cpu_count() or 2) // 2, 1)).threads
         settings = RunSettings(threads, opts.ubatch, opts.ubatch, opts.flash_attn, opts.mmap, opts.reps, opts.warmup)
         host = _host_meta()
@@ -384,6 +400,7 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
                      f"{_fmt_s(time.monotonic() - t_start)}")
         return summary
     finally:
+        pins.close()
         if server is not None:
             server.stop()
 

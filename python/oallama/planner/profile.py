@@ -556,6 +556,8 @@ class ProfileOptions:
     device: str | None = option(None, help="accelerator to profile besides the CPU", default_help="the first GPU")
     rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
     rpc_threads: int = option(1, help="threads of that rpc-server")
+    rpc_cpus: tuple[int, ...] | None = option(None, metavar="CPU,...", help="CPUs of that rpc-server; the client "
+                                              "then runs on the others", default_help="wherever the kernel puts them")
     threads: int | None = option(None, help="CPU threads", default_help="llama-cpp-python's")
     tokens: list[int] = option(list(DEFAULT_TOKENS), help="token counts to profile at")
     repeats: int = option(5, help="timed runs per op (median and spread)")
@@ -569,7 +571,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from ..runtime.rpc import local_server_if
 
     o = from_args(ProfileOptions, args)
-    with local_server_if(o.rpc_local and not o.device, o.rpc_threads) as server:
+    with local_server_if(o.rpc_local and not o.device, o.rpc_threads, o.rpc_cpus) as server:
         devices = ["CPU"]
         if o.device:
             devices.append(o.device)

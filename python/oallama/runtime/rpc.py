@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -199,9 +199,38 @@ def _stop_all() -> None:
         server.stop(timeout=1.0)
 
 
+@contextlib.contextmanager
+def pinned(cpus: Collection[int] | None) -> Iterator[None]:
+    """The calling thread, and the threads and processes it starts, on `cpus` while inside (None:
+    as it is); RpcServerError naming them where this process may not use them all."""
+    if not cpus:
+        yield
+        return
+    old = os.sched_getaffinity(0)
+    if not set(cpus) <= old:
+        raise RpcServerError(f"CPUs {','.join(map(str, sorted(cpus)))}: this process may use only "
+                             f"{restricted_cpus() or 'all'} of them")
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+def beside(cpus: Collection[int] | None) -> contextlib.AbstractContextManager[None]:
+    """This process on the CPUs it may use other than `cpus` (a local rpc-server's) while inside:
+    the server a device of its own, as a remote one is. RpcServerError where none would be left."""
+    if not cpus:
+        return contextlib.nullcontext()
+    rest = os.sched_getaffinity(0) - set(cpus)
+    if not rest:
+        raise RpcServerError(f"rpc-server on CPUs {','.join(map(str, sorted(cpus)))} leaves the client none")
+    return pinned(rest)
+
+
 def start_server(host: str = "127.0.0.1", port: int | None = None, *, threads: int | None = None,
                  devices: list[str] | None = None, cache: bool = False,
-                 timeout: float = 30.0) -> RpcServer:
+                 timeout: float = 30.0, cpus: Collection[int] | None = None) -> RpcServer:
     """Start oallama's rpc-server and wait until it accepts connections.
 
     host: address to bind; loopback by default. Any other address exposes an unauthenticated
@@ -211,6 +240,7 @@ def start_server(host: str = "127.0.0.1", port: int | None = None, *, threads: i
     devices: the server's devices (ggml names, e.g. ["CUDA0"]); None = rpc-server's default.
     cache: let the server cache large tensors on disk (rpc-server -c).
     timeout: seconds to wait for the server to accept connections.
+    cpus: the CPUs the server runs on (None: wherever the kernel puts it); see `beside`.
     """
     if host not in _LOOPBACK:
         warnings.warn(
@@ -232,8 +262,9 @@ def start_server(host: str = "127.0.0.1", port: int | None = None, *, threads: i
         if cache:
             cmd.append("-c")
         fd, log_name = tempfile.mkstemp(prefix=f"oallama-rpc-{p}-", suffix=".log")
-        with os.fdopen(fd, "wb") as log:
-            # own process group: a Ctrl-C aimed at the client does not kill the server mid-reply
+        # own process group: a Ctrl-C aimed at the client does not kill the server mid-reply; the
+        # child inherits this thread's CPUs
+        with os.fdopen(fd, "wb") as log, pinned(cpus):
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         server = RpcServer(proc, host, p, Path(log_name))
@@ -250,14 +281,17 @@ def start_server(host: str = "127.0.0.1", port: int | None = None, *, threads: i
 
 
 @contextlib.contextmanager
-def local_server_if(enabled: bool, threads: int | None = 1) -> Iterator[RpcServer | None]:
-    """A loopback rpc-server for the duration of a command when `enabled` (CLI --rpc-local)."""
+def local_server_if(enabled: bool, threads: int | None = 1,
+                    cpus: Collection[int] | None = None) -> Iterator[RpcServer | None]:
+    """A loopback rpc-server for the duration of a command when `enabled` (CLI --rpc-local);
+    with `cpus`, the server on them and this process on the others while inside."""
     if not enabled:
         yield None
         return
-    server = start_server(threads=threads)
+    server = start_server(threads=threads, cpus=cpus)
     try:
-        yield server
+        with beside(cpus):
+            yield server
     finally:
         server.stop()
 
