@@ -125,6 +125,12 @@ def test_a_pinned_local_server_runs_on_its_cpus_and_the_client_beside_it() -> No
     assert os.sched_getaffinity(0) == mine  # restored
 
 
+@pytest.mark.parametrize(("cpus", "listed"), [({0}, "0"), ({0, 1, 2, 5}, "0-2,5"), ({3, 1, 7, 8}, "1,3,7-8")],
+                         ids=lambda v: str(sorted(v)) if isinstance(v, set) else v)
+def test_cpu_lists_read_as_linux_writes_them(cpus: set[int], listed: str) -> None:
+    assert rpc.cpu_list(cpus) == listed
+
+
 def test_cpus_a_server_or_client_cannot_have_are_named() -> None:
     mine = os.sched_getaffinity(0)
     with pytest.raises(RpcServerError, match="CPUs 4096: this process may use only"):

@@ -69,30 +69,26 @@ def server_threads(host: str, port: int) -> int | None:
     return None
 
 
+def cpu_list(cpus: Collection[int]) -> str:
+    """CPUs as Linux lists them: {0, 1, 2, 5} -> "0-2,5"."""
+    runs = []
+    for _, run in itertools.groupby(enumerate(sorted(cpus)), key=lambda ic: ic[1] - ic[0]):
+        seq = [c for _, c in run]
+        runs.append(str(seq[0]) if len(seq) == 1 else f"{seq[0]}-{seq[-1]}")
+    return ",".join(runs)
+
+
 def restricted_cpus(pid: int = 0) -> str | None:
-    """The CPUs a process (0: this one) may run on, as Linux lists them ("0", "2-3"), where that
-    is fewer than the machine's; None when unrestricted or unknown. Where a client and a loopback
-    rpc-server run decides what a visit of the server costs: on the project's 2-core VM a tiny
-    model's decode with 12 splits took 0.77-0.95 ms with both on one CPU and a median 1.2-1.5 ms
-    (p90 up to 3.6) where the kernel placed them (bench/results/2026-11-25-vm-tiny-visits)."""
+    """The CPUs a process (0: this one) may run on (cpu_list), where that is fewer than the
+    machine's; None when unrestricted or unknown. Where a client and a loopback rpc-server run
+    decides what a visit of the server costs: on the project's 2-core VM a tiny model's decode
+    with 12 splits took 0.77-0.95 ms with both on one CPU and a median 1.2-1.5 ms (p90 up to
+    3.7) where the kernel placed them (bench/results/2026-11-25-vm-tiny-visits)."""
     try:
         allowed = os.sched_getaffinity(pid)
     except (OSError, AttributeError):
         return None
-    online = os.cpu_count() or 0
-    if len(allowed) >= online:
-        return None
-    cpus = sorted(allowed)
-    runs: list[str] = []
-    start = prev = cpus[0]
-    for c in [*cpus[1:], None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if c is not None:
-            start = prev = c
-    return ",".join(runs)
+    return cpu_list(allowed) if len(allowed) < (os.cpu_count() or 0) else None
 
 
 def bytes_acked(port: int) -> int:
@@ -208,8 +204,7 @@ def pinned(cpus: Collection[int] | None) -> Iterator[None]:
         return
     old = os.sched_getaffinity(0)
     if not set(cpus) <= old:
-        raise RpcServerError(f"CPUs {','.join(map(str, sorted(cpus)))}: this process may use only "
-                             f"{restricted_cpus() or 'all'} of them")
+        raise RpcServerError(f"CPUs {cpu_list(cpus)}: this process may use only {cpu_list(old)}")
     os.sched_setaffinity(0, set(cpus))
     try:
         yield
@@ -224,7 +219,7 @@ def beside(cpus: Collection[int] | None) -> contextlib.AbstractContextManager[No
         return contextlib.nullcontext()
     rest = os.sched_getaffinity(0) - set(cpus)
     if not rest:
-        raise RpcServerError(f"rpc-server on CPUs {','.join(map(str, sorted(cpus)))} leaves the client none")
+        raise RpcServerError(f"rpc-server on CPUs {cpu_list(cpus)} leaves the client none")
     return pinned(rest)
 
 
