@@ -9,7 +9,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -108,29 +107,17 @@ def test_link_measurement_on_loopback(server: rpc.RpcServer) -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SO_MAX_PACING_RATE is Linux's")
-def test_a_paced_connection_sends_at_its_cap(server: rpc.RpcServer) -> None:
-    """The loss sample's pacing is real: 1 MiB up capped at 4 MiB/s takes about 0.25 s on a
-    loopback that moves it in under 10 ms unpaced."""
+def test_a_paced_connection_has_its_cap_while_inside(server: rpc.RpcServer) -> None:
+    """The loss sample's cap is the kernel's (its effect, no loss counted on clean links under CUBIC,
+    is in bench/results/2026-11-24-vm-distributed), set on entering and lifted on leaving."""
+    def cap(c: P.RpcClient) -> int:
+        return struct.unpack("I", c.sock.getsockopt(socket.SOL_SOCKET, P.SO_MAX_PACING_RATE, 4))[0]
+
     with P.RpcClient(server.endpoint) as c:
-        buf = c.alloc(2**20 + 64)
-        t, small = P.bytes_tensor(c.new_id(), buf, 0, 2**20), P.bytes_tensor(c.new_id(), buf, 0, 1)
-        payload = bytes(2**20)
-
-        def upload() -> float:
-            t0 = time.perf_counter()
-            c.set(t, payload)
-            c.get(small, 1)
-            return time.perf_counter() - t0
-
-        upload()
-        free = min(upload() for _ in range(3))
+        unpaced = cap(c)
         with c.paced(4 * 2**20) as paced:
-            assert paced
-            capped = upload()
-        after = min(upload() for _ in range(3))
-        c.free(buf)
-    assert capped > 0.15 and capped > 5 * free
-    assert after < capped / 3  # the cap is lifted on leaving
+            assert paced and cap(c) == 4 * 2**20
+        assert cap(c) == unpaced == 2**32 - 1  # no cap
 
 
 def test_a_round_trip_measured_slow_does_not_inflate_the_computes(server: rpc.RpcServer) -> None:
