@@ -288,7 +288,7 @@ def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    on = f", on CPU(s) {','.join(map(str, opts.rpc_cpus))}, the client on the others" if opts.rpc_cpus else ""
+    on = f", on CPU(s) {rpc.cpu_list(opts.rpc_cpus)}, the client on the others" if opts.rpc_cpus else ""
     _log(f"started a loopback rpc-server as the accelerator: {server.device_name} (pid {server.pid}, "
          f"{opts.rpc_threads} thread(s){on}); its timings only prove the harness")
     return devmod.resolve(server.device_name), server

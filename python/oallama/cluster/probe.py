@@ -334,12 +334,16 @@ def measure_link(client: RpcClient, opts: ProbeOptions, device: int = 0) -> dict
 
         up = [_timed(upload) for _ in range(opts.samples)]
         rtt_med = statistics.median(rtt)
+
+        def goodput(delays: list[float]) -> float:
+            return size / max(statistics.median(delays) - rtt_med, 1e-7)  # bytes/s
+
         # loss: what the link drops, not what a bulk transfer makes a full bottleneck queue drop
         # (a loss-based congestion control such as CUBIC finds the rate by overflowing it: 0.2-0.3%
         # of the unpaced probe's segments on clean emulated links, bench/results/2026-11-24-vm-
         # distributed). A request's messages are far below the rate; so is this sample: paced at
         # half the up goodput, no queue builds
-        pace = size / max(statistics.median(up) - rtt_med, 1e-7) / 2  # bytes/s
+        pace = goodput(up) / 2  # bytes/s
         before = client.tcp_counters()
         with client.paced(pace) as paced:
             for _ in range(opts.loss_payloads):
@@ -347,9 +351,6 @@ def measure_link(client: RpcClient, opts: ProbeOptions, device: int = 0) -> dict
         after = client.tcp_counters()
     finally:
         client.free(buf)
-
-    def goodput(delays: list[float]) -> float:
-        return size / max(statistics.median(delays) - rtt_med, 1e-7)  # bytes/s
 
     out: dict[str, Any] = {
         "rtt_s": rtt_med,
