@@ -124,28 +124,42 @@ def test_profile_times_both_layouts(cpu_context) -> None:
 
 def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_model: Path) -> None:
     """The calibration's host passes in a default load and with every repacked weight in plain
-    memory (realpass.measure_layouts), and the plan's plain times scaled to their ratio: at every
-    timed pass size the model costs the all-plain placement at the measured ratio of the two walls
-    times its default cost (without the factor it costs it at the one-op profile's ratio)."""
-    from oallama.planner.context import plain_factor
-    from oallama.planner.schedmodel import Placement
+    memory (realpass.measure_layouts), each also timed node by node, and the plan's plain times
+    from them: at every timed pass size the model costs the all-plain placement at the measured
+    ratio of the two walls times its default cost (without them it costs it at the one-op profile's
+    ratio), and each shape timed clear of the noise at its own measured ratio of node times (scaled
+    with the others: the ratios between shapes are the measured ones)."""
+    from oallama.planner.context import plain_ratios, plain_times, shape_ratios
+    from oallama.planner.schedmodel import HOST, Placement
 
-    m = cpu_context.profile.calibration.layouts
+    cal = cpu_context.profile.calibration
+    m = cal.layouts
     assert m is not None and m["n_weights"] == len(_repacked(q4_0_model)) > 0
     assert "1" in m["sizes"] and all(v["default_us"] > 0 and v["plain_us"] > 0 for v in m["sizes"].values())
     assert len(m["rounds"]) == len(cpu_context.profile.calibration.rounds_outside)  # every round measured it
     sizes = sorted(int(n) for n in m["sizes"])
     ctx = build_context(q4_0_model, None, Workload(prompt=sizes[-1], gen=4, n_ubatch=sizes[-1]),
                         profile=cpu_context.profile, threads=2, progress=False)
+    h_us = cal.devices[HOST].node_overhead_us
     for n in (1, sizes[-1]):
         pm = ctx.passes[n]
-        assert pm.plain_factor != 1.0 and plain_factor(pm, m) == pytest.approx(pm.plain_factor)
+        v = m["sizes"][str(n)]
+        # every weight matmul shape the default load repacks, timed in both loads
+        assert {pm.shape_key[i] for i in pm.repacked_by_default()} <= set(v["shapes"]), n
+        assert all(s["default_us"] > 0 and s["plain_us"] > 0 and s["nodes"] > 0 for s in v["shapes"].values())
+        times = plain_times(pm, cal)
+        assert times is not None and all(pm.t_layout[i][PLAIN] == t for i, t in times.items())
         host = {w: 1 << 30 for w in pm.weights}
         plain = pm.cost(Placement(frozenset(), 0, host, {w: PLAIN for w in pm.weights})).total_us
         default = pm.cost(Placement(frozenset(), 0, host)).total_us
-        v = m["sizes"][str(n)]
         assert plain / default == pytest.approx(v["plain_us"] / v["default_us"], rel=1e-6), n
-    assert plain_factor(ctx.passes[1], None) is None
+        measured, model = shape_ratios(m, h_us, n), plain_ratios(pm)
+        own = sorted(k for k in model if k in measured)
+        # the tiny model's decode nodes take ~5 us (timing a node alone: ~2.4): only its prompt's stand clear
+        assert own or n == 1, f"no shape of the {n}-token pass timed clear of the noise: {v['shapes']}"
+        for k in own[1:]:
+            assert model[k] / model[own[0]] == pytest.approx(measured[k] / measured[own[0]], rel=1e-6), (n, k)
+    assert plain_times(ctx.passes[1], None) is None
 
 
 def _skewed(ctx, plain_faster_from: int) -> None:

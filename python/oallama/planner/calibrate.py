@@ -56,9 +56,11 @@ H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
 routing.py). Every round also times the host's passes in two loads back to back, a default one (ggml
 repacks the weights its kernels can) and one with those weights in plain memory (`layouts`, the round
-with the median ratio kept): a plan that lays weights out scales their plain one-op times to that ratio
-(`context.plain_factor`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
-1.09x). Calibration is a step of `profile` (cached with it; `--no-calibrate` skips it).
+with the median ratio kept), and one pass per size node by node in each: a plan that lays weights
+out costs each shape's plain time at its ratio of node times, all scaled to the walls' ratio
+(`context.plain_times`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
+1.09x, its attention matrices 1.67x against 1.11x). Calibration is a step of `profile` (cached with it;
+`--no-calibrate` skips it).
 This module measures; the fits are calfit.py's, each weight matmul shape's share mmshares.py's.
 """
 
@@ -87,7 +89,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 23  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 24  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -101,7 +103,8 @@ VERSION = 23  # of the method: part of a calibrated profile's cache key (8: stre
 # without it as measured, not a round's outside time less its own difference; 21: the second prompt size
 # 2x the first when 4x is too slow, every load reserved once more before its first pass (runtime.llama); 22: the
 # host's passes with its weights repacked and plain, `layouts`; a pass size anchored only where it timed most ops;
-# 23: `layouts` every round, the rounds' median ratio kept)
+# 23: `layouts` every round, the rounds' median ratio kept; 24: `layouts` times one pass per size node by node in
+# both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...

@@ -22,12 +22,15 @@ from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
+from .calfit import Calibration
 from .graph import Graph, GraphSession, target_ops
 from .mmshares import interpolated
 from .profile import DEFAULT_TOKENS, PLAIN, Link, Profile, profile_model
 from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
+SHAPE_NODE_MIN = 10.0  # a weight matmul shape's nodes took at least this many times what timing a node alone
+# adds (2.3 us on the project's VM) to get a plain-memory ratio of their own (`shape_ratios`)
 _BINARY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -230,14 +233,14 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
             log(f"streamed weights in a real load (calibrated): {stream.latency_us:.0f} us + "
                 f"{stream.bytes_per_us / 1e3:.2f} GB/s per weight (a one-op copy: {h2d.latency_us:.0f} us + "
                 f"{h2d.bytes_per_us / 1e3:.2f} GB/s)")
-    plain = {n: plain_factor(pm, profile.calibration.layouts if profile.calibration is not None else None)
-             for n, pm in passes.items()}
-    for n, f in plain.items():
-        if f is not None:
-            passes[n].set_plain_factor(f)
-    if progress and any(f is not None for f in plain.values()):
-        log("host weights in plain memory (calibrated): " + ", ".join(
-            f"{f:.2f}x their one-op time at {n} token(s)" for n, f in plain.items() if f is not None))
+    for n, pm in passes.items():
+        times = plain_times(pm, profile.calibration)
+        if times is None:
+            continue
+        pm.set_plain_times(times)
+        if progress:
+            log(f"host weights in plain memory at {n} token(s) (calibrated): " + ", ".join(
+                f"{k.split(':', 1)[1]} {r:.2f}x" for k, r in sorted(plain_ratios(pm).items())) + " their repacked time")
     # every tensor of the file, not only those a graph reads: a weight no pass uses (MiniCPM3's
     # rope_factors_long at a context below its original length) still goes where its layer goes
     wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
@@ -294,24 +297,58 @@ def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | Non
     return Link(max(left - nbytes / bw0, 0.0) / c.n_streamed, bw0)
 
 
-def plain_factor(pm: PassModel, measured: Mapping[str, Any] | None) -> float | None:
-    """What the host's weight matmuls cost in plain memory over their one-op time, from the
+def plain_times(pm: PassModel, cal: Calibration | None) -> dict[int, float] | None:
+    """What each host weight matmul that a default load repacks costs in plain memory (us), from the
     calibration's host passes in a default load and in one with every repacked weight plain
-    (`realpass.measure_layouts`): at pm's pass size the model must cost the all-plain placement at
-    the measured ratio of the two walls times its default cost, and the plain terms of the repacked
-    weights take the difference. None without a measurement or anything to scale."""
+    (`realpass.measure_layouts`). A shape whose nodes took well over what timing a node alone adds
+    (SHAPE_NODE_MIN) costs its repacked time times its ratio of plain to repacked node times (between
+    timed pass sizes interpolated on log tokens); another shape its one-op plain time. All of them are
+    then scaled alike so that the model costs the all-plain placement at the measured ratio of the two
+    loads' walls times its default cost. None without a measurement or anything to scale."""
+    measured = cal.layouts if cal is not None else None
     sizes = {int(n): v["plain_us"] / v["default_us"] for n, v in ((measured or {}).get("sizes") or {}).items()
              if v.get("default_us", 0) > 0 and v.get("plain_us", 0) > 0}
     scaled = pm.repacked_by_default()
     if not sizes or not scaled:
         return None
     ratio = interpolated(sizes, pm.n_tokens)
+    h_us = cal.devices[HOST].node_overhead_us if cal is not None and HOST in cal.devices else 0.0
+    shapes = shape_ratios(measured or {}, h_us, pm.n_tokens)
     host = Placement(frozenset(), 0, {w: 1 << 30 for w in pm.weights})  # all on the host, nothing streamed
     default = pm.cost(host).total_us
     repacked = sum(pm.t_host[i] for i in scaled)  # us, as a default load runs them
-    plain = sum(pm.t_layout[i][PLAIN] for i in scaled) / pm.plain_factor  # us, their one-op plain times
-    f = (ratio * default - default + repacked) / plain if plain > 0 else 0.0
-    return f if f > 0 else None
+    plain = {i: (pm.t_host[i] * shapes[pm.shape_key[i]] if pm.shape_key.get(i) in shapes else pm.plain_profiled[i])
+             for i in scaled}  # us, before the walls' ratio
+    total = sum(plain.values())
+    f = (ratio * default - default + repacked) / total if total > 0 else 0.0
+    return {i: t * f for i, t in plain.items()} if f > 0 else None
+
+
+def shape_ratios(measured: Mapping[str, Any], h_us: float, n_tokens: int) -> dict[str, float]:
+    """Weight matmul shape class -> its plain / repacked ratio of node times in the calibration's
+    passes (`measure_layouts`' `shapes`) at a pass of n_tokens, less what timing each node alone adds
+    (h_us): the shapes whose repacked nodes took at least SHAPE_NODE_MIN times that at n_tokens, or at
+    timed sizes on both sides of it (interpolated on log tokens; never carried beyond them: the tiny
+    model's FFN matrices ran 1.75x slower plain at 32 tokens and 1.3x at 1, where timing was the noise)."""
+    by: dict[str, dict[int, float]] = {}
+    for n, v in (measured.get("sizes") or {}).items():
+        for key, sh in (v.get("shapes") or {}).items():
+            count = int(sh.get("nodes", 0))
+            d, p = float(sh.get("default_us", 0)) - count * h_us, float(sh.get("plain_us", 0)) - count * h_us
+            if count > 0 and d >= SHAPE_NODE_MIN * max(h_us, 1.0) * count and p > 0:
+                by.setdefault(key, {})[int(n)] = p / d
+    return {k: interpolated(r, n_tokens) for k, r in by.items() if min(r) <= n_tokens <= max(r)}
+
+
+def plain_ratios(pm: PassModel) -> dict[str, float]:
+    """Shape class -> what the pass model costs its host matmuls in plain memory over repacked."""
+    plain: dict[str, float] = {}
+    rep: dict[str, float] = {}
+    for i in pm.repacked_by_default():
+        k = pm.shape_key[i]
+        plain[k] = plain.get(k, 0.0) + pm.t_layout[i][PLAIN]
+        rep[k] = rep.get(k, 0.0) + pm.t_host[i]
+    return {k: plain[k] / rep[k] for k in plain if rep[k] > 0}
 
 
 def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import _core
 from ..errors import OallamaError, ProfileError
+from .mmshares import class_key
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
@@ -180,8 +181,13 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     load (ggml repacks what its CPU kernels can) and one with those weights in plain memory. The
     one-op profile times each weight in both layouts, but its plain times missed the real graph's
     (the full 8B's decode: plain 1.38x repacked, measured; 1.09x, profiled;
-    bench/results/2026-11-24-vm-layout-scale); the plan fits a factor from these walls
-    (`context.plain_factor`). None when a default load repacks nothing."""
+    bench/results/2026-11-24-vm-layout-scale), and by shape more still (its attention matrices 1.67x
+    slower plain in the real graph, 1.11x in the profile; its FFN gate 1.70x against 1.89x;
+    bench/results/2026-11-25-vm-8b-layouts). So each pass size also times one pass node by node in
+    both loads: per weight matmul shape (`mmshares.class_key`), its nodes' summed times in each load
+    and their count (`shapes`). The plan costs each plain weight at its shape's ratio of those times
+    and the all-plain pass at the ratio of the walls (`context.plain_times`). None when a default
+    load repacks nothing."""
     from ..runtime.generate import prompt_tokens
     from ..runtime.llama import Llama
 
@@ -205,12 +211,31 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
             for n in sizes:
                 if n == 1:
                     us = statistics.fmean(decode_walls(llm, tokens, n_prefill, reps))
+                    prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
                 else:
                     timed_eval(llm, None, [], tokens[:n], [])  # warm-up (graph build, allocation)
                     us = statistics.median(timed_eval(llm, None, [], tokens[:n], []).wall_us for _ in range(reps))
-                out["sizes"].setdefault(str(n), {})[f"{what}_us"] = us
+                    prefix, batch = [], tokens[:n]
+                size = out["sizes"].setdefault(str(n), {})
+                size[f"{what}_us"] = us
+                with _core.NodeTimer(llm.native_context) as timer:
+                    nodes = timed_eval(llm, timer, prefix, batch, []).nodes
+                for key, (t, count) in _matmul_shapes(nodes).items():
+                    size.setdefault("shapes", {}).setdefault(key, {})[f"{what}_us"] = t
+                    size["shapes"][key]["nodes"] = count
         finally:
             llm.close()
+    return out
+
+
+def _matmul_shapes(nodes: list[_core.NodeTime]) -> dict[str, tuple[float, int]]:
+    """Weight matmul shape class -> (its nodes' summed times, us; how many) of a pass timed node by node."""
+    out: dict[str, tuple[float, int]] = {}
+    for r in nodes:
+        if r.op in MATMUL_OPS and r.weight_type and r.range_us >= 0:
+            key = class_key(r.op, r.weight_type, r.src_ne[0])
+            t, count = out.get(key, (0.0, 0))
+            out[key] = (t + r.range_us, count + 1)
     return out
 
 

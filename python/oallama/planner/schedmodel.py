@@ -216,13 +216,16 @@ class PassModel:
         self.overhead_us = 0.0  # the pass's time outside its graph
         self.detached_us = 0.0  # of it: what an attached accelerator adds when the pass runs nothing on it
         self.split_us = 0.0  # a change of device's cost beyond the issue (calibrated; `set_split_cost`)
-        self.plain_factor = 1.0  # the plain layout's times over their profiled ones (calibrated; `set_plain_factor`)
+        # the plain layout's one-op times of the host matmuls a default load repacks (us), before the
+        # calibration's real-graph ones replace them (`set_plain_times`)
+        self.plain_profiled: dict[int, float] = {}
+        self.shape_key: dict[int, str] = {}  # weight matmul -> its shape class (mmshares.class_key)
         if profile is not None:
             from .graph import target_ops
 
             for op in target_ops(graph):
                 self.targets.add(op.index)
-                key = class_key(op.op, op.weight_type, op.weight_shape)
+                key = self.shape_key[op.index] = class_key(op.op, op.weight_type, op.weight_shape)
                 scale = {d: (cal.devices[d].scale_for(self.n_tokens, key) if cal is not None and d in cal.devices
                              else 1.0) for d in (HOST, acc) if d}
                 # a MUL_MAT_ID at the distinct experts the recorded routing touches at this size
@@ -236,6 +239,7 @@ class PassModel:
                     # the calibration's host scale was fitted on the default layout: applied to both
                     self.t_layout[op.index] = {lay: profile.compute_us(HOST, op, lay, active=act) * scale[HOST]
                                                for lay in HOST_LAYOUTS}
+            self.plain_profiled = {i: self.t_layout[i][PLAIN] for i in self.repacked_by_default()}
             if cal is not None:
                 self._other_ops(cal)
             self.h2d = profile.link(acc, "h2d")
@@ -419,17 +423,16 @@ class PassModel:
         change-of-device cost, which every split's launch includes."""
         return self.overhead_us - self.split_us
 
-    def set_plain_factor(self, f: float) -> None:
-        """Scale the plain-memory times of the host matmuls a default load repacks by `f` (see
-        `planner.context.plain_factor`): the calibration's host factors were fitted on the repacked
-        layout, and the real graph ran the plain one slower than the one-op profile did."""
-        for i in self.repacked_by_default():
-            self.t_layout[i][PLAIN] *= f / self.plain_factor
-        self.plain_factor = f
+    def set_plain_times(self, times: Mapping[int, float]) -> None:
+        """Cost the host matmuls a default load repacks at `times` (us) in plain memory (see
+        `planner.context.plain_times`): the real graph ran the plain layout slower than the one-op
+        profile did, by a different factor per shape."""
+        for i, t in times.items():
+            self.t_layout[i][PLAIN] = t
 
     def repacked_by_default(self) -> list[int]:
         """Host matmuls timed in plain memory whose weight a default load repacks (what
-        `set_plain_factor` scales)."""
+        `set_plain_times` costs)."""
         return [i for i, lays in self.t_layout.items() if self.default_layout.get(i) != PLAIN and PLAIN in lays]
 
     def set_stream(self, link: Link) -> None:
