@@ -512,8 +512,15 @@ def test_measured_winner_and_optimal_behind() -> None:
     b = behind[0]
     assert (b["budget"], b["best"], b["best_ms"], b["optimal_ms"]) == ("50%", "fit", 95.0, 98.0)
     assert b["behind"] == pytest.approx(98 / 95 - 1)
+    assert b["same_placement"] is False
     md = "\n".join(bench_accuracy.optimal_markdown(recs))
-    assert "in 1 of 2 cell(s)" in md and "| m | 64 / 32 | 50% | 98.0 (80.0) | fit | 95.0 (90.0) | +3.2% |" in md
+    assert "in 1 of 2 cell(s)" in md and "| m | 64 / 32 | 50% | 98.0 (80.0) | fit | 95.0 (90.0) | +3.2% | no |" in md
+    assert "very placement" not in md
+    # the same placement under both strategies: the gap is marked as the run's noise
+    same = [{**r, "placement_key": "k1"} if r["config_id"] in ("f", "o") else r for r in recs]
+    assert bench_accuracy.optimal_behind(same)[1][0]["same_placement"] is True
+    md = "\n".join(bench_accuracy.optimal_markdown(same))
+    assert "| +3.2% | yes |" in md and "In 1 of them `optimal` loaded the very placement" in md
 
 
 def test_configurations_measured_under_load_are_flagged() -> None:

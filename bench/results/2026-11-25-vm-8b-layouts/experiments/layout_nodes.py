@@ -24,6 +24,7 @@ from pathlib import Path
 
 from oallama import _core
 from oallama.planner import plan as planmod
+from oallama.planner.context import plain_ratios
 from oallama.planner.profile import Profile
 from oallama.planner.realpass import MATMUL_OPS, decode_walls, timed_eval
 from oallama.planner.schedmodel import Placement
@@ -77,7 +78,8 @@ def predict(model: str, profile: Path, variants: dict[str, dict[str, str]]) -> d
         ctx = planmod.build_context(model, srv.device_name, planmod.Workload(32, 8, "e2e", 64), profile=prof, threads=1,
                                     progress=False)
         pm = ctx.passes[1]
-        out: dict[str, object] = {"plain_factor": pm.plain_factor}
+        # method <= 23: one factor over the plain one-op times; method 24: each shape's plain / repacked ratio
+        out: dict[str, object] = {"plain_ratios": plain_ratios(pm)}
         for name, lay in variants.items():
             c = pm.cost(Placement(frozenset(), 0, {}, lay))
             roles: dict[str, float] = defaultdict(float)
