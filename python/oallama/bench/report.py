@@ -634,7 +634,7 @@ def readme_section(dirs: Sequence[Path], readme: Path) -> str:
         plots = " · ".join(f"[{name.removesuffix('.png').replace('_', ' ')}]({rel}/{name})"
                            for name in PLOTS.values() if (d / name).exists())
         lines += ["", f"All workloads and metrics: [summary]({rel}/summary.md), [JSON]({rel}/results.json), "
-                  f"[CSV]({rel}/results.csv). Plots: {plots}.", ""]
+                  f"[CSV]({rel}/results.csv)." + (f" Plots: {plots}." if plots else ""), ""]
     if not gpu_seen:
         lines += ["No GPU results yet: `scripts/gpu_eval.sh` runs the paper's grid on a GPU machine in resumable "
                   "chunks (see its header) and regenerates this section.", ""]
