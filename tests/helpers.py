@@ -35,11 +35,20 @@ def raises_cleanly(exc: type[Exception] | tuple[type[Exception], ...], match: st
     return message
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, read, released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def closed_port(unregistered: bool = False) -> int:
+    """A loopback port nothing listens on (bound, read, released). `unregistered`: also one no rpc
+    device of this process names (ggml keeps every rpc device registered until exit, so a stopped
+    server's port, handed out again by the kernel, would already be a known device)."""
+    from oallama.runtime import devices
+
+    known = {d.name for d in devices.list_devices()} if unregistered else set()
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if f"RPC[127.0.0.1:{port}]" not in known:
+            return port
+    raise AssertionError("no free loopback port outside this process's rpc devices")
 
 
 def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials: int = 6) -> list[str]:

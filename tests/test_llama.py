@@ -322,7 +322,7 @@ def test_placement_device_not_in_devices(tiny_q8: Path, rpc_server: rpc.RpcServe
 
 @pytest.mark.parametrize("where", ["devices", "placement"])
 def test_unreachable_rpc_server_is_named_and_the_process_survives(tiny_q8: Path, where: str) -> None:
-    dev = f"RPC[127.0.0.1:{closed_port()}]"
+    dev = f"RPC[127.0.0.1:{closed_port(unregistered=True)}]"
     kw: dict[str, Any] = ({"devices": ["CPU", dev]} if where == "devices"
                           else {"placement": {"output.weight": dev}})
     endpoint = re.escape(dev[4:-1])
