@@ -452,7 +452,8 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
                 if opts.progress:
                     eta = f", ETA {_fmt_s(est * (len(pending) - i + 1))}" if durations else ""
                     _log(f"[{i}/{len(pending)}{where}] {c.label} ({c.id}){eta}")
-                err = launch(raw_dir, c.id, rnd, config=_config_doc(c), plan=p, plan_doc=_plan_doc(p), meta=meta,
+                err = launch(raw_dir, c.id, rnd, config=_config_doc(c), plan=p,
+                             plan_doc={**_plan_doc(p), "profile_host_speed": _profile_host_speed(ctx.profile)}, meta=meta,
                              server_pid=server_pid, profile_key=profile_key, timeout_s=opts.config_timeout_s,
                              deadline=deadline)
                 summary.launched.append(c.id)
@@ -513,6 +514,16 @@ def _winner(p: Any) -> str:
     found nothing that fits and is predicted faster (plan.extra["winner"])."""
     w = p.extra.get("winner")
     return str(w) if w in ALL_STRATEGIES else str(p.strategy)
+
+
+def _profile_host_speed(profile: Any) -> dict[str, float] | None:
+    """The reference op's times when `profile` was measured (before and after, averaged): what the
+    worker's own measurement is compared with. None for a profile from before they were recorded."""
+    from ..planner import hostspeed
+
+    hs = getattr(profile, "host_speed", None) or {}
+    got = [hs[k] for k in ("before", "after") if isinstance(hs.get(k), dict)]
+    return hostspeed.mean(got) if got else None
 
 
 def _plan_doc(p: Any) -> dict[str, Any]:

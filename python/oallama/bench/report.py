@@ -44,7 +44,8 @@ COLUMNS = [
     "budget", "budget_bytes", "budget_share", "fits_budget", "acc_weight_bytes", "acc_weight_share",
     "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
     "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
-    "source", "profile_key", "load_avg_start", "load_avg_end", "placement_key", "rounds", "round_spread",
+    "source", "profile_key", "load_avg_start", "load_avg_end", "host_speed", "placement_key", "rounds",
+    "round_spread",
 ]
 # metric -> (unit, description)
 METRICS = {
@@ -92,7 +93,8 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "streamed_weights": plan["streamed_weights"], "prompt": c["prompt"], "gen": c["gen"],
         "threads": st["threads"], "n_ctx": c["n_ctx"], "n_batch": st["n_batch"], "n_ubatch": st["n_ubatch"],
         "flash_attn": st["flash_attn"], "mmap": st["mmap"], "reps": st["reps"], "warmup": st["warmup"],
-        **{k: raw.get(k) for k in ("profile_key", "load_avg_start", "load_avg_end", "placement_key")},
+        **{k: raw.get(k) for k in ("profile_key", "load_avg_start", "load_avg_end")},
+        "host_speed": _host_speed(raw), "placement_key": raw.get("placement_key"),
         "rounds": raw.get("rounds", 1), "round_spread": _spread(raw.get("round_e2e_ms") or []),
     }
     s = raw["samples"]
@@ -124,6 +126,13 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _host_speed(raw: dict[str, Any]) -> float | None:
+    """The reference op's speed around the worker's timed runs against its speed when the plan's
+    profile was measured (> 1: the host ran faster than when profiled); None when not recorded."""
+    v = (raw.get("host_speed") or {}).get("vs_profile")
+    return float(v) if v is not None else None
+
+
 def _spread(medians: Sequence[float]) -> float | None:
     """Slowest / fastest - 1 of a configuration's rounds (None for one round)."""
     return max(medians) / min(medians) - 1.0 if len(medians) > 1 and min(medians) > 0 else None
@@ -141,7 +150,7 @@ def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[(len(medians) - 1) // 2]]
     every = [{"round": int(d.get("round", 1)), **{m: statistics.median(d["samples"][m]) if d["samples"][m] else None
                                                    for m in ROUND_METRICS}, "load_avg_start": d.get("load_avg_start"),
-              "finished": d.get("finished"), "profile_key": d.get("profile_key"),
+              "finished": d.get("finished"), "profile_key": d.get("profile_key"), "host_speed": _host_speed(d),
               **{f"predicted_{m}": ((d.get("plan") or {}).get("predicted") or {}).get(m) for m in ROUND_METRICS}}
              for d in by_round]
     return {**best, "rounds": len(docs), "round_e2e_ms": medians, "round_medians": every}
@@ -246,7 +255,8 @@ def write_rounds(path: Path, ok: Sequence[dict[str, Any]]) -> Path:
     medians, its own plan's prediction and profile, and whether the records report it (`kept`:
     the median round by e2e)."""
     cols = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "round", "kept",
-            *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "profile_key", "load_avg_start", "finished"]
+            *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "profile_key", "load_avg_start", "host_speed",
+            "finished"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -406,7 +416,8 @@ def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[st
                         f"{e2e} | {_pred(m['e2e_ms'])} | {m['tokens_per_s']['median']:.1f} | "
                         f"{_mib(m['host_peak_bytes']['median'])} | {_mib(dev['median'] if dev else None)} |")
                 lines.append("")
-        lines += [*accuracy.optimal_markdown(records), *accuracy.prediction_error_markdown(records)]
+        lines += [*accuracy.optimal_markdown(records), *accuracy.prediction_error_markdown(records),
+                  *accuracy.host_speed_markdown(records)]
     if failed:
         lines += ["## Failed configurations", "", "| model | strategy | budget | prompt | gen | error |",
                   "|---|---|---|---|---|---|"]

@@ -72,6 +72,7 @@ def run_worker(spec_path: str) -> int:
     """Run the configuration described by SPEC (written by `bench._launch`); write its raw result."""
     import resource
 
+    from ..planner import hostspeed
     from ..runtime.generate import prompt_tokens, timed_generate
     from ..runtime.llama import Llama
 
@@ -101,6 +102,7 @@ def run_worker(spec_path: str) -> int:
     # the planner modelled it) against what this load reports
     mismatches = sorted(w for w, d in want.items() if w in got and got[w] != d)
     prompt = prompt_tokens(llm, cfg["prompt"])
+    speed_before = hostspeed.measure(st["threads"])
     samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     warm: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     tokens: list[int] = []
@@ -114,12 +116,17 @@ def run_worker(spec_path: str) -> int:
         dst["e2e_ms"].append(g.e2e_s * 1e3)
         tokens = g.tokens
         mem.sample()
+    speed_after = hostspeed.measure(st["threads"])
     load_end = os.getloadavg()[0]  # 1-minute load average after the timed runs (the spec has the start's)
+    # the host's speed around the timed runs against the profile's (> 1: faster than when profiled)
+    speed_vs = hostspeed.ratio(spec["plan"].get("profile_host_speed"), hostspeed.mean([speed_before, speed_after]))
     llm.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,
               "warmup_samples": warm, "prompt_tokens": len(prompt), "gen_tokens": cfg["gen"],
-              "load_avg_end": load_end, "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
+              "load_avg_end": load_end, "host_speed": {"reference": hostspeed.REF_DESCRIPTION, "before": speed_before,
+                                                       "after": speed_after, "vs_profile": speed_vs},
+              "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
               "memory": {"host_peak_bytes": ru.ru_maxrss * 1024,  # ru_maxrss is in KiB on Linux
                          "device_peak_bytes": mem.peak(), "device_source": mem.source,
                          "device_planned_bytes": spec["plan"]["memory"]["total"]},

@@ -42,6 +42,7 @@ from ..errors import ProfileError
 from ..options import add_arguments, from_args, option
 from ..runtime import devices as devmod
 from ..runtime import rpc as rpcmod
+from . import hostspeed
 from .calfit import Calibration
 from .calibrate import VERSION as CALIBRATION_VERSION
 from .calibrate import calibrate
@@ -155,6 +156,9 @@ class Profile:
     # host layout -> op key -> stats: the host's matmuls in each layout they can have (only
     # signatures with a repacked layout; the default layout's times are also in ops["CPU"])
     layouts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # the host's speed around the measurement (hostspeed.py): {"reference", "before", "after"},
+    # each a hostspeed.measure(); empty in profiles from before it was recorded
+    host_speed: dict[str, Any] = field(default_factory=dict)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -216,7 +220,8 @@ class Profile:
         return Profile(self.key, self.model_shapes, {ren[k]: v for k, v in self.devices.items()}, self.settings,
                        self.build, {ren[k]: v for k, v in self.ops.items()},
                        {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s,
-                       self.calibration.renamed(ren) if self.calibration is not None else None, self.layouts)
+                       self.calibration.renamed(ren) if self.calibration is not None else None, self.layouts,
+                       self.host_speed)
 
     def link(self, device: str, direction: str) -> Link:
         if device not in self.links:
@@ -262,7 +267,7 @@ class Profile:
                               for k, v in ls.items()} for d, ls in self.links.items()},
                 "created": self.created, "elapsed_s": self.elapsed_s,
                 "calibration": self.calibration.to_json() if self.calibration is not None else None,
-                "layouts": self.layouts,
+                "layouts": self.layouts, "host_speed": self.host_speed,
                 "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name()}}
 
     @staticmethod
@@ -279,7 +284,8 @@ class Profile:
             raise ProfileError(f"{path}: corrupt oallama profile: missing or bad field "
                                f"({type(e).__name__}: {e})") from None
         prof.layouts = doc.get("layouts") or {}
-        if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops, prof.layouts)) or \
+        prof.host_speed = doc.get("host_speed") or {}
+        if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops, prof.layouts, prof.host_speed)) or \
                 not all(isinstance(t, dict) for t in [*prof.ops.values(), *prof.layouts.values()]):
             raise ProfileError(f"{path}: corrupt oallama profile: 'devices', 'build', 'ops' and 'layouts' must be "
                                "mappings")
@@ -522,11 +528,14 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             if _remeasure_routing(prof, path, settings, progress):
                 prof.save(cached)
             return prof
+    before = hostspeed.measure(settings.threads)
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress)
         prof.elapsed_s += prof.calibration.elapsed_s
+    prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before,
+                       "after": hostspeed.measure(settings.threads)}
     if cache:
         prof.save(cached)
     return prof
