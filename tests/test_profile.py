@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from oallama import ProfileError
+from oallama.planner import hostspeed
 from oallama.planner.graph import TargetOp, inventory
 from oallama.planner.profile import SCHEMA, Link, Profile, Settings, profile_model
 from oallama.runtime import rpc
@@ -55,10 +56,32 @@ def test_loopback_server_on_another_port_reuses_the_profile(prof: Profile, synth
         assert again.key == prof.key and second.device_name in again.ops
 
 
+def test_profile_records_the_host_speed_around_its_measurement(prof: Profile, rpc_server: rpc.RpcServer) -> None:
+    # the reference op timed before the first op and after the calibration, at each column count
+    hs = prof.host_speed
+    assert hs["reference"] == hostspeed.REF_DESCRIPTION
+    for when in ("before", "after"):
+        assert set(hs[when]) == {f"n{n}_us" for n in hostspeed.REF_COLS}
+        assert all(v > 0 for v in hs[when].values())
+        # 32 columns cost more than 1 (the same weight, 32x the arithmetic)
+        assert hs[when]["n32_us"] > hs[when]["n1_us"]
+    assert prof.renamed(["CPU", rpc_server.device_name]).host_speed == hs
+
+
+def test_host_speed_ratio_and_mean() -> None:
+    ref = {"n1_us": 100.0, "n32_us": 1000.0}
+    assert hostspeed.ratio(ref, {"n1_us": 200.0, "n32_us": 2000.0}) == pytest.approx(0.5)  # twice as slow now
+    assert hostspeed.ratio(ref, {"n1_us": 50.0, "n32_us": 2000.0}) == pytest.approx(1.0)  # geometric mean
+    assert hostspeed.ratio(ref, {"n1_us": 80.0}) == pytest.approx(1.25)  # the columns both have
+    assert hostspeed.ratio(None, ref) is None and hostspeed.ratio(ref, {}) is None
+    assert hostspeed.mean([ref, {"n1_us": 300.0, "n32_us": 3000.0}]) == {"n1_us": 200.0, "n32_us": 2000.0}
+
+
 def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:
     p = prof.save(tmp_path / "p.json")
     back = Profile.load(p)
     assert back.ops == prof.ops and back.key == prof.key and back.settings == prof.settings
+    assert back.host_speed == prof.host_speed
     assert json.loads(p.read_text())["schema"] == SCHEMA
 
 

@@ -55,7 +55,10 @@ def timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks:
     else:
         llm.reset()
         llm.eval(prefix)
-    llm.eval(toks[:1])  # a 1-token pass: the graph the timed one follows
+    # a 1-token pass: the graph the timed one follows; before a decode pass, of another token, as in a
+    # generation (the same token again would leave exactly the experts it reads in the caches)
+    lead = prefix[-1] if len(toks) == 1 and prefix and prefix[-1] != toks[0] else toks[0]
+    llm.eval([lead])
     llm.n_tokens -= 1  # ... and forgotten (the next eval drops its KV cells)
     sync(llm)
     if timer is not None:
