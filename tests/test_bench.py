@@ -293,11 +293,12 @@ def test_smoke_run_saves_profile_predictions_and_load(smoke: dict[str, Any]) -> 
     # timed in the worker and in the profile, minutes apart on one machine: near 1, never 0)
     assert set(prof["host_speed"]) == {"reference", "before", "after"}
     for r in records:
-        assert isinstance(r["host_speed"], float) and 0.2 < r["host_speed"] < 5
+        for f in ("host_speed", "acc_speed"):  # the host and the rpc-server
+            assert isinstance(r[f], float) and 0.2 < r[f] < 5
     raw = json.loads(next(p for p in (out / "raw").glob("*.json")
                           if not p.name.endswith((".spec.json", ".plan.json"))).read_text())
-    assert set(raw["host_speed"]["before"]) == set(prof["host_speed"]["before"])
-    assert "## Host speed against the profile" in (out / "summary.md").read_text()
+    assert set(raw["host_speed"]["before"]) == set(prof["host_speed"]["before"]) == {"host", "accelerator"}
+    assert "## Device speed against the profile" in (out / "summary.md").read_text()
     # the whole prediction, per pass, for every configuration; the same passes as flat CSV rows
     predicted = json.loads((out / "predicted.json").read_text())
     assert set(predicted) == set(by_cfg)
@@ -551,21 +552,26 @@ def test_configurations_measured_under_load_are_flagged() -> None:
     assert "above 12)" in bench_accuracy.warning_lines(big)[0]
 
 
-def test_configurations_measured_off_the_profiles_host_speed_are_listed() -> None:
-    # a: as fast as profiled; b: 20% slower; c: 30% faster; d: an older run without a host speed
-    recs = [_rec("a", "tpot_ms", 10.0, 11.0, host_speed=1.02), _rec("a", "e2e_ms", 100.0, 90.0, host_speed=1.02),
-            _rec("b", "tpot_ms", 10.0, 8.0, host_speed=0.8), _rec("b", "e2e_ms", 100.0, 70.0, host_speed=0.8),
-            _rec("c", "tpot_ms", 10.0, 14.0, host_speed=1.3), _rec("c", "e2e_ms", 100.0, 150.0, host_speed=1.3),
-            _rec("d", "tpot_ms", 10.0, 30.0)]
+def test_configurations_measured_off_the_profiles_device_speed_are_listed() -> None:
+    # a: as fast as profiled; b: the host 20% slower; c: the accelerator 30% faster; d: an older run
+    # without a speed; e: an older run with the host's alone
+    recs = [_rec("a", "tpot_ms", 10.0, 11.0, host_speed=1.02, acc_speed=0.95),
+            _rec("a", "e2e_ms", 100.0, 90.0, host_speed=1.02, acc_speed=0.95),
+            _rec("b", "tpot_ms", 10.0, 8.0, host_speed=0.8, acc_speed=1.0),
+            _rec("b", "e2e_ms", 100.0, 70.0, host_speed=0.8, acc_speed=1.0),
+            _rec("c", "tpot_ms", 10.0, 14.0, host_speed=1.05, acc_speed=1.3),
+            _rec("c", "e2e_ms", 100.0, 150.0, host_speed=1.05, acc_speed=1.3),
+            _rec("d", "tpot_ms", 10.0, 30.0), _rec("e", "tpot_ms", 10.0, 10.5, host_speed=1.0)]
     speeds, off = bench_accuracy.host_drift(recs)
-    assert sorted(speeds) == [0.8, 1.02, 1.3]
-    assert [(o["config_id"], o["speed"]) for o in off] == [("c", 1.3), ("b", 0.8)]  # the farthest first
+    assert sorted(speeds["host_speed"]) == [0.8, 1.0, 1.02, 1.05] and sorted(speeds["acc_speed"]) == [0.95, 1.0, 1.3]
+    assert [o["config_id"] for o in off] == ["c", "b"]  # the farthest first
     md = "\n".join(bench_accuracy.host_speed_markdown(recs))
-    assert "0.80-1.30 (median 1.02)" in md and "2 of 3 configuration(s)" in md
-    # near: a (TPOT 10%, e2e 10%); far: b and c (TPOT 20%, 40% -> median 30%; e2e 30%, 50% -> 40%)
-    assert "| within 10% | 1 | - | 10.0% / 10.0% | 10.0% / 10.0% |" in md
+    assert "the host 0.80-1.05 (median 1.01); the accelerator 0.95-1.30 (median 1.00)" in md
+    assert "2 of 4 configuration(s)" in md and "- m layers @50% prompt 64 gen 32: 1.05 / 1.30 (c)" in md
+    # near: a, e (TPOT 10%, 5%; e2e 10%); far: b and c (TPOT 20%, 40%; e2e 30%, 50%)
+    assert "| within 10% | 2 | - | 7.5% / 9.5% | 10.0% / 10.0% |" in md
     assert "| more than 10% off | 2 | - | 30.0% / 38.0% | 40.0% / 48.0% |" in md
-    assert bench_accuracy.host_speed_markdown(recs[-1:]) == []  # nothing recorded: no section
+    assert bench_accuracy.host_speed_markdown(recs[6:7]) == []  # nothing recorded: no section
 
 
 def test_predicted_passes_carry_every_numeric_key() -> None:

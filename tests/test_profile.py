@@ -56,25 +56,32 @@ def test_loopback_server_on_another_port_reuses_the_profile(prof: Profile, synth
         assert again.key == prof.key and second.device_name in again.ops
 
 
-def test_profile_records_the_host_speed_around_its_measurement(prof: Profile, rpc_server: rpc.RpcServer) -> None:
-    # the reference op timed before the first op and after the calibration, at each column count
+def test_profile_records_the_device_speed_around_its_measurement(prof: Profile, rpc_server: rpc.RpcServer) -> None:
+    # the reference ops timed before the first op and after the calibration, on both devices
     hs = prof.host_speed
     assert hs["reference"] == hostspeed.REF_DESCRIPTION
     for when in ("before", "after"):
-        assert set(hs[when]) == {f"n{n}_us" for n in hostspeed.REF_COLS}
-        assert all(v > 0 for v in hs[when].values())
-        # 32 columns cost more than 1 (the same weight, 32x the arithmetic)
-        assert hs[when]["n32_us"] > hs[when]["n1_us"]
+        assert set(hs[when]) == {"host", "accelerator"}
+        for times in hs[when].values():
+            assert set(times) == set(hostspeed.REF_OPS) and all(v > 0 for v in times.values())
+            # 32 columns cost more than 1 (the same weight, 32x the arithmetic); a 16x larger weight too
+            assert times["n32_us"] > times["n1_us"] and times["big_n1_us"] > times["n1_us"]
     assert prof.renamed(["CPU", rpc_server.device_name]).host_speed == hs
 
 
-def test_host_speed_ratio_and_mean() -> None:
+def test_device_speed_ratios_and_mean() -> None:
     ref = {"n1_us": 100.0, "n32_us": 1000.0}
     assert hostspeed.ratio(ref, {"n1_us": 200.0, "n32_us": 2000.0}) == pytest.approx(0.5)  # twice as slow now
     assert hostspeed.ratio(ref, {"n1_us": 50.0, "n32_us": 2000.0}) == pytest.approx(1.0)  # geometric mean
-    assert hostspeed.ratio(ref, {"n1_us": 80.0}) == pytest.approx(1.25)  # the columns both have
+    assert hostspeed.ratio(ref, {"n1_us": 80.0}) == pytest.approx(1.25)  # the ops both have
     assert hostspeed.ratio(None, ref) is None and hostspeed.ratio(ref, {}) is None
-    assert hostspeed.mean([ref, {"n1_us": 300.0, "n32_us": 3000.0}]) == {"n1_us": 200.0, "n32_us": 2000.0}
+    both = {"host": ref, "accelerator": {"n1_us": 10.0}}
+    now = hostspeed.mean([{"host": {"n1_us": 300.0, "n32_us": 3000.0}, "accelerator": {"n1_us": 15.0}},
+                          {"host": {"n1_us": 100.0, "n32_us": 1000.0}, "accelerator": {"n1_us": 25.0}}])
+    assert now == {"host": {"n1_us": 200.0, "n32_us": 2000.0}, "accelerator": {"n1_us": 20.0}}
+    assert hostspeed.ratios(both, now) == pytest.approx({"host": 0.5, "accelerator": 0.5})
+    # a host-only measurement (no roles) is the host's; a role one side lacks is left out
+    assert hostspeed.ratios(ref, now) == pytest.approx({"host": 0.5})
 
 
 def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ measurements themselves can be trusted (issue 13: a cost model that predicts wha
                         again minutes later, measured something else
     high_load           configurations measured while the machine was busy (1-minute load
                         average above 1.5 at their start or end)
-    host_drift          configurations measured while the host ran a reference op more than 10%
-                        faster or slower than when their profile was measured (`host_speed`,
-                        planner/hostspeed.py): errors of the machine's, not the model's
+    host_drift          configurations measured while the host or the accelerator ran reference
+                        ops more than 10% faster or slower than when their profile was measured
+                        (`host_speed`, `acc_speed`; planner/hostspeed.py): the machine's errors
     predicted_passes    the planner's per-pass breakdown as flat rows (predicted_passes.csv)
 
 Everything here works on records (`report.records_from_raw`, or a results.json / results.csv
@@ -40,7 +40,8 @@ LOAD_LIMIT = 1.5  # 1-minute load average above which a configuration is to be m
 LOAD_LIMIT_CORES = 2  # ... on a machine of this many cores; it scales with the record's cpu_count
 NOISE_TOLERANCE = 0.05  # identical placements measured twice agree within 5%
 OPTIMAL_TOLERANCE = 0.03  # issue target: optimal no more than 3% behind the best other strategy
-SPEED_TOLERANCE = 0.10  # a host more than 10% faster or slower than when profiled: the machine drifted
+SPEED_TOLERANCE = 0.10  # a device more than 10% faster or slower than when profiled: the machine drifted
+SPEED_ROLES = {"host_speed": "host", "acc_speed": "accelerator"}  # record field -> device role (hostspeed.py)
 # what makes two configurations the same measurement besides the placement
 _SAME_RUN = ("machine", "device_kind", "model", "model_identity", "prompt", "gen", "op_offload", "threads", "n_ctx",
              "n_batch", "n_ubatch", "flash_attn", "mmap")
@@ -153,7 +154,8 @@ def optimal_behind(records: Iterable[Mapping[str, Any]],
                             "optimal": o.get("series") or "optimal", "optimal_ms": o["median"],
                             "optimal_predicted": o.get("predicted"), "best": best.get("series") or best["strategy"],
                             "best_ms": best["median"], "best_predicted": best.get("predicted"), "behind": behind,
-                            "optimal_speed": o.get("host_speed"), "best_speed": best.get("host_speed"),
+                            "optimal_speed": {f: o.get(f) for f in SPEED_ROLES},
+                            "best_speed": {f: best.get(f) for f in SPEED_ROLES},
                             "same_placement": bool(o.get("placement_key"))
                             and o.get("placement_key") == best.get("placement_key")})
     return compared, out
@@ -171,10 +173,10 @@ def optimal_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = OP
     lines = [*head, f"`optimal` measured more than {100 * tolerance:.0f}% behind the best other strategy in "
              f"{len(behind)} of {compared} cell(s):", "",
              "| model | prompt / gen | budget | optimal e2e ms (pred) | best other | its e2e ms (pred) | behind | "
-             "same placement | host speed (optimal / best) |",
+             "same placement | host / acc speed: optimal; best |",
              "|---|---|---|---|---|---|---|---|---|"]
     for b in behind:
-        speed = " / ".join(_speed(b[k]) for k in ("optimal_speed", "best_speed"))
+        speed = "; ".join(_speed_pair(b[k]) for k in ("optimal_speed", "best_speed"))
         lines.append(f"| {b['model']} | {b['prompt']} / {b['gen']} | {b['budget']} | {b['optimal_ms']:.1f} "
                      f"({_fmt(b['optimal_predicted'])}) | {b['best']} | {b['best_ms']:.1f} "
                      f"({_fmt(b['best_predicted'])}) | +{_pct(b['behind'])} | {'yes' if b['same_placement'] else 'no'} | "
@@ -184,10 +186,6 @@ def optimal_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = OP
         lines += ["", f"In {same} of them `optimal` loaded the very placement the best other did: the gap is "
                   "this run's noise, not the plan's (see Noisy)."]
     return [*lines, ""]
-
-
-def _speed(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 def _fmt(x: float | None) -> str:
@@ -339,35 +337,49 @@ def load_markdown(records: Sequence[Mapping[str, Any]], limit: float | None = No
 
 
 def host_drift(records: Iterable[Mapping[str, Any]],
-               tolerance: float = SPEED_TOLERANCE) -> tuple[list[float], list[dict[str, Any]]]:
-    """(every configuration's `host_speed`, the configurations whose host speed was more than
-    `tolerance` off 1: [{config_id, label, speed}], the farthest first). Configurations without a
-    recorded host speed are left out."""
-    speeds: dict[str, float] = {}
-    labels: dict[str, str] = {}
+               tolerance: float = SPEED_TOLERANCE) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
+    """({record field: every configuration's speed} for `host_speed` and `acc_speed`, the
+    configurations with a speed more than `tolerance` off 1: [{config_id, label, host_speed,
+    acc_speed}], the farthest first). Configurations without a recorded speed are left out."""
+    seen: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.get("host_speed") is not None and r["config_id"] not in speeds:
-            speeds[r["config_id"]] = float(r["host_speed"])
-            labels[r["config_id"]] = f"{r['model']} {_label(r)} prompt {r['prompt']} gen {r['gen']}"
-    off = [{"config_id": c, "label": labels[c], "speed": v} for c, v in speeds.items() if abs(v - 1) > tolerance]
-    return list(speeds.values()), sorted(off, key=lambda x: -abs(x["speed"] - 1))
+        if r["config_id"] in seen or all(r.get(f) is None for f in SPEED_ROLES):
+            continue
+        seen[r["config_id"]] = {"config_id": r["config_id"],
+                                "label": f"{r['model']} {_label(r)} prompt {r['prompt']} gen {r['gen']}",
+                                **{f: (float(r[f]) if r.get(f) is not None else None) for f in SPEED_ROLES}}
+    speeds = {f: [c[f] for c in seen.values() if c[f] is not None] for f in SPEED_ROLES}
+
+    def worst(c: Mapping[str, Any]) -> float:
+        return max(abs(c[f] - 1) for f in SPEED_ROLES if c[f] is not None)
+
+    off = [c for c in seen.values() if worst(c) > tolerance]
+    return speeds, sorted(off, key=lambda c: -worst(c))
+
+
+def _speed_pair(c: Mapping[str, Any]) -> str:
+    return " / ".join("-" if c.get(f) is None else f"{c[f]:.2f}" for f in SPEED_ROLES)
 
 
 def host_speed_markdown(records: Sequence[Mapping[str, Any]], tolerance: float = SPEED_TOLERANCE) -> list[str]:
-    """The "Host speed" section: how fast the host ran against its profiles, and the prediction
-    errors of the configurations measured near and far from the profile's speed."""
+    """The "Device speed" section: how fast the host and the accelerator ran against their
+    profiles, and the prediction errors of the configurations measured near and far from them."""
     speeds, off = host_drift(records, tolerance)
-    if not speeds:
+    if not any(speeds.values()):
         return []
     far = {o["config_id"] for o in off}
-    lines = ["## Host speed against the profile", "",
-             f"A reference op (planner/hostspeed.py) timed around every configuration's runs ran at "
-             f"{min(speeds):.2f}-{max(speeds):.2f} (median {statistics.median(speeds):.2f}) of its speed when the "
-             f"plan's profile was measured (> 1: faster). {len(off)} of {len(speeds)} configuration(s) ran more "
-             f"than {100 * tolerance:.0f}% off it: the machine, not the model, moved under their predictions.", ""]
-    groups = {"near": [r for r in records if r.get("host_speed") is not None and r["config_id"] not in far],
+    ranges = "; ".join(f"the {role} {min(v):.2f}-{max(v):.2f} (median {statistics.median(v):.2f})"
+                       for f, role in SPEED_ROLES.items() if (v := speeds[f]))
+    n = len({r["config_id"] for r in records if any(r.get(f) is not None for f in SPEED_ROLES)})
+    lines = ["## Device speed against the profile", "",
+             f"Reference ops (planner/hostspeed.py) timed around every configuration's runs ran at this speed "
+             f"against their speed when the plan's profile was measured (> 1: faster): {ranges}. {len(off)} of {n} "
+             f"configuration(s) ran more than {100 * tolerance:.0f}% off it on a device: the machine, not the model, "
+             "moved under their predictions.", ""]
+    groups = {"near": [r for r in records if any(r.get(f) is not None for f in SPEED_ROLES)
+                       and r["config_id"] not in far],
               "far": [r for r in records if r["config_id"] in far]}
-    lines += [f"| host speed | configs | {' | '.join(f'{m} median / p90' for m in ERROR_METRICS)} |",
+    lines += [f"| device speed | configs | {' | '.join(f'{m} median / p90' for m in ERROR_METRICS)} |",
               f"|---|---|{'---|' * len(ERROR_METRICS)}"]
     for name, rs in groups.items():
         errs = {m: [abs(float(r["predicted"]) - float(r["median"])) / float(r["median"]) for r in rs
@@ -378,7 +390,8 @@ def host_speed_markdown(records: Sequence[Mapping[str, Any]], tolerance: float =
         span = f"within {100 * tolerance:.0f}%" if name == "near" else f"more than {100 * tolerance:.0f}% off"
         lines.append(f"| {span} | {len({r['config_id'] for r in rs})} | {cells} |")
     if off:
-        lines += ["", *(f"- {o['label']}: {o['speed']:.2f} ({o['config_id']})" for o in off[:20])]
+        lines += ["", "Host / accelerator speed:", "",
+                  *(f"- {o['label']}: {_speed_pair(o)} ({o['config_id']})" for o in off[:20])]
         if len(off) > 20:
             lines.append(f"- ... and {len(off) - 20} more")
     return [*lines, ""]

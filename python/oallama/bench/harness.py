@@ -516,9 +516,10 @@ def _winner(p: Any) -> str:
     return str(w) if w in ALL_STRATEGIES else str(p.strategy)
 
 
-def _profile_host_speed(profile: Any) -> dict[str, float] | None:
-    """The reference op's times when `profile` was measured (before and after, averaged): what the
-    worker's own measurement is compared with. None for a profile from before they were recorded."""
+def _profile_host_speed(profile: Any) -> dict[str, dict[str, float]] | None:
+    """The reference ops' times when `profile` was measured (per device role, before and after
+    averaged): what the worker's own measurement is compared with. None for a profile from before
+    they were recorded."""
     from ..planner import hostspeed
 
     hs = getattr(profile, "host_speed", None) or {}

@@ -44,7 +44,7 @@ COLUMNS = [
     "budget", "budget_bytes", "budget_share", "fits_budget", "acc_weight_bytes", "acc_weight_share",
     "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
     "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
-    "source", "profile_key", "load_avg_start", "load_avg_end", "host_speed", "placement_key", "rounds",
+    "source", "profile_key", "load_avg_start", "load_avg_end", "host_speed", "acc_speed", "placement_key", "rounds",
     "round_spread",
 ]
 # metric -> (unit, description)
@@ -94,7 +94,8 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "threads": st["threads"], "n_ctx": c["n_ctx"], "n_batch": st["n_batch"], "n_ubatch": st["n_ubatch"],
         "flash_attn": st["flash_attn"], "mmap": st["mmap"], "reps": st["reps"], "warmup": st["warmup"],
         **{k: raw.get(k) for k in ("profile_key", "load_avg_start", "load_avg_end")},
-        "host_speed": _host_speed(raw), "placement_key": raw.get("placement_key"),
+        "host_speed": _speed(raw, "host"), "acc_speed": _speed(raw, "accelerator"),
+        "placement_key": raw.get("placement_key"),
         "rounds": raw.get("rounds", 1), "round_spread": _spread(raw.get("round_e2e_ms") or []),
     }
     s = raw["samples"]
@@ -126,11 +127,15 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _host_speed(raw: dict[str, Any]) -> float | None:
-    """The reference op's speed around the worker's timed runs against its speed when the plan's
-    profile was measured (> 1: the host ran faster than when profiled); None when not recorded."""
+def _speed(raw: dict[str, Any], role: str) -> float | None:
+    """The reference ops' speed on the host or the accelerator (`role`) around the worker's timed
+    runs against their speed when the plan's profile was measured (> 1: faster than when
+    profiled); None when not recorded (a run from before the host's alone was: a number)."""
     v = (raw.get("host_speed") or {}).get("vs_profile")
-    return float(v) if v is not None else None
+    if isinstance(v, (int, float)):
+        v = {"host": v}
+    got = (v or {}).get(role)
+    return float(got) if got is not None else None
 
 
 def _spread(medians: Sequence[float]) -> float | None:
@@ -150,7 +155,8 @@ def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[(len(medians) - 1) // 2]]
     every = [{"round": int(d.get("round", 1)), **{m: statistics.median(d["samples"][m]) if d["samples"][m] else None
                                                    for m in ROUND_METRICS}, "load_avg_start": d.get("load_avg_start"),
-              "finished": d.get("finished"), "profile_key": d.get("profile_key"), "host_speed": _host_speed(d),
+              "finished": d.get("finished"), "profile_key": d.get("profile_key"), "host_speed": _speed(d, "host"),
+              "acc_speed": _speed(d, "accelerator"),
               **{f"predicted_{m}": ((d.get("plan") or {}).get("predicted") or {}).get(m) for m in ROUND_METRICS}}
              for d in by_round]
     return {**best, "rounds": len(docs), "round_e2e_ms": medians, "round_medians": every}
@@ -256,7 +262,7 @@ def write_rounds(path: Path, ok: Sequence[dict[str, Any]]) -> Path:
     the median round by e2e)."""
     cols = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "round", "kept",
             *ROUND_METRICS, *(f"predicted_{m}" for m in ROUND_METRICS), "profile_key", "load_avg_start", "host_speed",
-            "finished"]
+            "acc_speed", "finished"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()

@@ -102,7 +102,7 @@ def run_worker(spec_path: str) -> int:
     # the planner modelled it) against what this load reports
     mismatches = sorted(w for w, d in want.items() if w in got and got[w] != d)
     prompt = prompt_tokens(llm, cfg["prompt"])
-    speed_before = hostspeed.measure(st["threads"])
+    speed_before = hostspeed.measure_devices(st["threads"], acc)
     samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     warm: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     tokens: list[int] = []
@@ -116,10 +116,10 @@ def run_worker(spec_path: str) -> int:
         dst["e2e_ms"].append(g.e2e_s * 1e3)
         tokens = g.tokens
         mem.sample()
-    speed_after = hostspeed.measure(st["threads"])
+    speed_after = hostspeed.measure_devices(st["threads"], acc)
     load_end = os.getloadavg()[0]  # 1-minute load average after the timed runs (the spec has the start's)
-    # the host's speed around the timed runs against the profile's (> 1: faster than when profiled)
-    speed_vs = hostspeed.ratio(spec["plan"].get("profile_host_speed"), hostspeed.mean([speed_before, speed_after]))
+    # each device's speed around the timed runs against the profile's (> 1: faster than when profiled)
+    speed_vs = hostspeed.ratios(spec["plan"].get("profile_host_speed"), hostspeed.mean([speed_before, speed_after]))
     llm.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,

@@ -1,16 +1,17 @@
-"""How fast the host runs now, against a fixed reference op (issue 13).
+"""How fast the machine runs now, against fixed reference ops (issue 13).
 
-This project's 2-core VM shares its cores with other machines: the same small-model decode ran
-25-60% slower for minutes at a time (a prompt too), with no load, steal time or page fault of its
-own to show for it, and a compute-bound [256, 256] matmul timed beside the decode moved with it.
-A profile's times hold for the host's speed when they were taken, so the profile records a
-reference op's time around its measurement, and every benchmark process times it again around its
-own runs: their ratio says how far a prediction could be off because the machine, not the model,
-changed.
+This project's 2-core VM shares its cores, caches and memory with other machines: the same
+small-model decode ran 25-60% slower for minutes at a time (a prompt too), with no load, steal time
+or page fault of its own to show for it. A profile's times hold for the speed the devices had when
+they were taken, so the profile records reference ops' times around its measurement, on the host
+and on the accelerator, and every benchmark process times them again around its own runs: their
+ratio says how far a prediction could be off because the machine, not the model, changed.
 
-    ref = hostspeed.measure(threads=1)   # {"n1_us": ..., "n32_us": ...}, ~30 ms
+    ref = hostspeed.measure_devices(threads=1, accelerator="RPC[127.0.0.1:50052]")
+    # {"host": {"n1_us": ..., "n32_us": ..., "big_n1_us": ...}, "accelerator": {...}}, ~0.2 s
     ...
-    hostspeed.ratio(ref, hostspeed.measure(threads=1))   # 1.0: as fast; 0.7: 30% slower now
+    hostspeed.ratios(ref, hostspeed.measure_devices(1, "RPC[127.0.0.1:50052]"))
+    # {"host": 1.0, "accelerator": 0.7}: the host as fast, the accelerator 30% slower now
 """
 
 from __future__ import annotations
@@ -22,31 +23,67 @@ from typing import Any
 
 from .. import _core
 
-# a q4_K [2048, 2048] weight (2.3 MiB, in cache as a small model's are) times 1 token (a decode:
-# dequantisation-bound) and 32 tokens (a prompt: compute-bound), on the CPU, repacked as loaded
-REF_TYPE, REF_K, REF_M = "q4_K", 2048, 2048
-REF_COLS = (1, 32)
-REF_DESCRIPTION = f"CPU MUL_MAT {REF_TYPE} {REF_K}x{REF_M} at {', '.join(map(str, REF_COLS))} cols (median us)"
+# q4_K weights repacked as loaded: [2048, 2048] (2.3 MiB, in a core's cache as a small model's
+# layers are) times 1 token (a decode: dequantisation-bound) and 32 tokens (a prompt: compute-bound),
+# and [8192, 8192] (36 MiB, past the core's caches) times 1 token (bound by the shared cache and memory)
+REF_TYPE = "q4_K"
+REF_OPS = {"n1_us": (2048, 1), "n32_us": (2048, 32), "big_n1_us": (8192, 1)}  # key -> (k = m, columns)
+REF_DESCRIPTION = (f"MUL_MAT {REF_TYPE} " + ", ".join(f"{k}x{k} at {n} col(s)" for k, n in REF_OPS.values())
+                   + " (median us), on the host and on the accelerator")
 
 
-def measure(threads: int = 1, repeats: int = 15) -> dict[str, float]:
-    """The reference op's median time at each column count: {"n1_us": us, "n32_us": us}."""
-    res = _core.profile_mul_mat("CPU", REF_TYPE, REF_K, REF_M, list(REF_COLS), threads, 3, repeats, True, "", "")
-    return {f"n{n}_us": float(statistics.median(r.samples_us)) for n, r in zip(REF_COLS, res, strict=True)}
+def measure(device: str = "CPU", threads: int = 1, repeats: int = 15) -> dict[str, float]:
+    """The reference ops' median times on `device` (us), keyed as REF_OPS."""
+    out: dict[str, float] = {}
+    for size in sorted({k for k, _ in REF_OPS.values()}):
+        keys = [key for key, (k, _) in REF_OPS.items() if k == size]
+        cols = [REF_OPS[key][1] for key in keys]
+        reps = repeats if size <= 2048 else max(repeats // 3, 3)  # the large one takes ~2 ms a run here
+        res = _core.profile_mul_mat(device, REF_TYPE, size, size, cols, threads, 2, reps, True, "", "")
+        out.update({key: float(statistics.median(r.samples_us)) for key, r in zip(keys, res, strict=True)})
+    return out
 
 
-def mean(samples: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Several measurements (before and after a run) as one: each column's mean."""
-    keys = [k for k in samples[0] if all(k in s for s in samples)] if samples else []
-    return {k: statistics.fmean(s[k] for s in samples) for k in keys}
+def measure_devices(threads: int, accelerator: str | None = None) -> dict[str, dict[str, float]]:
+    """`measure` on the host (`threads` threads) and, when named, on the accelerator:
+    {"host": ..., "accelerator": ...}."""
+    out = {"host": measure("CPU", threads)}
+    if accelerator:
+        out["accelerator"] = measure(accelerator, 1)
+    return out
+
+
+def _roles(doc: Mapping[str, Any]) -> dict[str, Mapping[str, float]]:
+    """A measurement by role; a host-only one from before roles were recorded counts as the host's."""
+    if doc and all(isinstance(v, (int, float)) for v in doc.values()):
+        return {"host": doc}
+    return {k: v for k, v in doc.items() if isinstance(v, Mapping)}
+
+
+def mean(samples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Several measurements (before and after a run) as one: each role's each op's mean."""
+    docs = [_roles(s) for s in samples]
+    roles = [r for r in docs[0] if all(r in d for d in docs)] if docs else []
+    out: dict[str, dict[str, float]] = {}
+    for r in roles:
+        keys = [k for k in docs[0][r] if all(k in d[r] for d in docs)]
+        out[r] = {k: statistics.fmean(float(d[r][k]) for d in docs) for k in keys}
+    return out
 
 
 def ratio(ref: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> float | None:
-    """How fast the host ran `now` against `ref` (> 1: faster now): the geometric mean over the
-    columns both have of ref's time / now's. None when either is missing."""
+    """How fast one device ran `now` against `ref` (> 1: faster now): the geometric mean over the
+    ops both have of ref's time / now's. None when either is missing."""
     if not ref or not now:
         return None
-    cols = [k for k in ref if k in now and float(ref[k]) > 0 and float(now[k]) > 0]
-    if not cols:
+    keys = [k for k in ref if k in now and float(ref[k]) > 0 and float(now[k]) > 0]
+    if not keys:
         return None
-    return math.exp(statistics.fmean(math.log(float(ref[k]) / float(now[k])) for k in cols))
+    return math.exp(statistics.fmean(math.log(float(ref[k]) / float(now[k])) for k in keys))
+
+
+def ratios(ref: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> dict[str, float]:
+    """`ratio` per role both measured: {"host": ..., "accelerator": ...}."""
+    a, b = _roles(ref or {}), _roles(now or {})
+    out = {r: ratio(a[r], b[r]) for r in a if r in b}
+    return {r: v for r, v in out.items() if v is not None}

@@ -156,8 +156,8 @@ class Profile:
     # host layout -> op key -> stats: the host's matmuls in each layout they can have (only
     # signatures with a repacked layout; the default layout's times are also in ops["CPU"])
     layouts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    # the host's speed around the measurement (hostspeed.py): {"reference", "before", "after"},
-    # each a hostspeed.measure(); empty in profiles from before it was recorded
+    # the devices' speed around the measurement (hostspeed.py): {"reference", "before", "after"},
+    # each a hostspeed.measure_devices(); empty in profiles from before it was recorded
     host_speed: dict[str, Any] = field(default_factory=dict)
 
     # --- queries ----------------------------------------------------------------------------
@@ -528,14 +528,15 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             if _remeasure_routing(prof, path, settings, progress):
                 prof.save(cached)
             return prof
-    before = hostspeed.measure(settings.threads)
+    acc = next((d.name for d in devs if not d.is_host), None)
+    before = hostspeed.measure_devices(settings.threads, acc)
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress)
         prof.elapsed_s += prof.calibration.elapsed_s
     prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before,
-                       "after": hostspeed.measure(settings.threads)}
+                       "after": hostspeed.measure_devices(settings.threads, acc)}
     if cache:
         prof.save(cached)
     return prof
