@@ -63,7 +63,7 @@ def test_profile_records_the_device_speed_around_its_measurement(prof: Profile, 
     for when in ("before", "after"):
         assert set(hs[when]) == {"host", "accelerator"}
         for times in hs[when].values():
-            assert set(times) == set(hostspeed.REF_OPS) and all(v > 0 for v in times.values())
+            assert set(times) == {*hostspeed.REF_OPS, "launch_us"} and all(v > 0 for v in times.values())
             # 32 columns cost more than 1 (the same weight, 32x the arithmetic); a 16x larger weight too
             assert times["n32_us"] > times["n1_us"] and times["big_n1_us"] > times["n1_us"]
     assert prof.renamed(["CPU", rpc_server.device_name]).host_speed == hs
@@ -82,6 +82,9 @@ def test_device_speed_ratios_and_mean() -> None:
     assert hostspeed.ratios(both, now) == pytest.approx({"host": 0.5, "accelerator": 0.5})
     # a host-only measurement (no roles) is the host's; a role one side lacks is left out
     assert hostspeed.ratios(ref, now) == pytest.approx({"host": 0.5})
+    per_op = hostspeed.op_ratios(both, now)  # which op moved
+    assert set(per_op) == {"host", "accelerator"} and per_op["accelerator"] == pytest.approx({"n1_us": 0.5})
+    assert per_op["host"] == pytest.approx({"n1_us": 0.5, "n32_us": 0.5})
 
 
 def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:

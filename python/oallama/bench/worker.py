@@ -119,13 +119,16 @@ def run_worker(spec_path: str) -> int:
     speed_after = hostspeed.measure_devices(st["threads"], acc)
     load_end = os.getloadavg()[0]  # 1-minute load average after the timed runs (the spec has the start's)
     # each device's speed around the timed runs against the profile's (> 1: faster than when profiled)
-    speed_vs = hostspeed.ratios(spec["plan"].get("profile_host_speed"), hostspeed.mean([speed_before, speed_after]))
+    speed_now = hostspeed.mean([speed_before, speed_after])
+    speed_vs = hostspeed.ratios(spec["plan"].get("profile_host_speed"), speed_now)
     llm.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,
               "warmup_samples": warm, "prompt_tokens": len(prompt), "gen_tokens": cfg["gen"],
               "load_avg_end": load_end, "host_speed": {"reference": hostspeed.REF_DESCRIPTION, "before": speed_before,
-                                                       "after": speed_after, "vs_profile": speed_vs},
+                                                       "after": speed_after, "vs_profile": speed_vs,
+                                                       "ops_vs_profile": hostspeed.op_ratios(
+                                                           spec["plan"].get("profile_host_speed"), speed_now)},
               "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
               "memory": {"host_peak_bytes": ru.ru_maxrss * 1024,  # ru_maxrss is in KiB on Linux
                          "device_peak_bytes": mem.peak(), "device_source": mem.source,

@@ -8,7 +8,7 @@ and on the accelerator, and every benchmark process times them again around its 
 ratio says how far a prediction could be off because the machine, not the model, changed.
 
     ref = hostspeed.measure_devices(threads=1, accelerator="RPC[127.0.0.1:50052]")
-    # {"host": {"n1_us": ..., "n32_us": ..., "big_n1_us": ...}, "accelerator": {...}}, ~0.2 s
+    # {"host": {"n1_us": ..., "n32_us": ..., "big_n1_us": ..., "launch_us": ...}, "accelerator": {...}}
     ...
     hostspeed.ratios(ref, hostspeed.measure_devices(1, "RPC[127.0.0.1:50052]"))
     # {"host": 1.0, "accelerator": 0.7}: the host as fast, the accelerator 30% slower now
@@ -29,7 +29,7 @@ from .. import _core
 REF_TYPE = "q4_K"
 REF_OPS = {"n1_us": (2048, 1), "n32_us": (2048, 32), "big_n1_us": (8192, 1)}  # key -> (k = m, columns)
 REF_DESCRIPTION = (f"MUL_MAT {REF_TYPE} " + ", ".join(f"{k}x{k} at {n} col(s)" for k, n in REF_OPS.values())
-                   + " (median us), on the host and on the accelerator")
+                   + " and a 1-node graph's launch (median us), on the host and on the accelerator")
 
 
 def measure(device: str = "CPU", threads: int = 1, repeats: int = 15) -> dict[str, float]:
@@ -41,6 +41,9 @@ def measure(device: str = "CPU", threads: int = 1, repeats: int = 15) -> dict[st
         reps = repeats if size <= 2048 else max(repeats // 3, 3)  # the large one takes ~2 ms a run here
         res = _core.profile_mul_mat(device, REF_TYPE, size, size, cols, threads, 2, reps, True, "", "")
         out.update({key: float(statistics.median(r.samples_us)) for key, r in zip(keys, res, strict=True)})
+    # handing the device a graph and waiting for it: an rpc-server's round trip, which a decode pays
+    # at every split (a woken idle core of a busy VM host answers later)
+    out["launch_us"] = float(statistics.median(_core.profile_launch(device, threads, 2, repeats).samples_us))
     return out
 
 
@@ -80,6 +83,13 @@ def ratio(ref: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> float
     if not keys:
         return None
     return math.exp(statistics.fmean(math.log(float(ref[k]) / float(now[k])) for k in keys))
+
+
+def op_ratios(ref: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
+    """Each role's each op's ref time / now time: which of them moved."""
+    a, b = _roles(ref or {}), _roles(now or {})
+    return {r: {k: float(a[r][k]) / float(b[r][k]) for k in a[r] if k in b[r] and float(b[r][k]) > 0}
+            for r in a if r in b}
 
 
 def ratios(ref: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> dict[str, float]:
