@@ -71,6 +71,9 @@ def test_smoke_run_writes_records_in_one_schema(smoke: dict[str, Any]) -> None:
             assert metrics[m]["n"] == 1 and metrics[m]["predicted"] is not None and metrics[m]["median"] > 0
         assert metrics["device_planned_bytes"]["source"].startswith("llama.cpp accounting")
         assert metrics["device_peak_bytes"]["source"].startswith("rpc-server")
+        # the server's peak covers this load only: not the device-speed reference ops the worker
+        # times on it (a 36 MiB weight) nor another configuration's load
+        assert metrics["device_peak_bytes"]["median"] < metrics["device_planned_bytes"]["median"] + 16 * 2**20, metrics
         assert metrics["host_peak_bytes"]["median"] > 0
     # the raw result says which weights the load put on the accelerator, as planned: one per configuration
     raws = [raw for raw in (smoke["out"] / "raw").glob("*.json") if raw.name.count(".") == 1]

@@ -80,6 +80,9 @@ def run_worker(spec_path: str) -> int:
     cfg, st, meta = spec["config"], spec["config"]["settings"], spec["meta"]
     acc = json.loads(Path(spec["plan_file"]).read_text())["accelerator"]
     devmod.resolve(acc)  # registers an rpc-server before measuring it
+    # the reference ops before the load: on an rpc-server they allocate (a 36 MiB weight), and the
+    # device's peak memory below is reset, then measured, from the load on
+    speed_before = hostspeed.measure_devices(st["threads"], acc)
     mem = _DeviceMemory(acc, meta["device_kind"], spec.get("server_pid"))
     t0 = time.perf_counter()
     llm = Llama(cfg["model"], placement=spec["plan_file"], n_ctx=cfg["n_ctx"], n_batch=st["n_batch"],
@@ -102,7 +105,6 @@ def run_worker(spec_path: str) -> int:
     # the planner modelled it) against what this load reports
     mismatches = sorted(w for w, d in want.items() if w in got and got[w] != d)
     prompt = prompt_tokens(llm, cfg["prompt"])
-    speed_before = hostspeed.measure_devices(st["threads"], acc)
     samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     warm: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     tokens: list[int] = []
@@ -116,7 +118,7 @@ def run_worker(spec_path: str) -> int:
         dst["e2e_ms"].append(g.e2e_s * 1e3)
         tokens = g.tokens
         mem.sample()
-    speed_after = hostspeed.measure_devices(st["threads"], acc)
+    speed_after = hostspeed.measure_devices(st["threads"], acc)  # after the last memory sample
     load_end = os.getloadavg()[0]  # 1-minute load average after the timed runs (the spec has the start's)
     # each device's speed around the timed runs against the profile's (> 1: faster than when profiled)
     speed_now = hostspeed.mean([speed_before, speed_after])
