@@ -414,6 +414,25 @@ def test_bad_plan_arguments(kwargs: dict, error: str, tiny_f16: Path, rpc_server
         Llama(str(tiny_f16), profile=fast_ctx.profile, workload=WORKLOAD, n_ubatch=64, verbose=False, **kwargs)
 
 
+
+def test_never_streaming_where_nothing_streams_by_default_is_not_named(measured_ctx, fast_ctx) -> None:
+    """An rpc-server has no offload rule of its own: a plan's "never stream" entries change nothing
+    and are dropped (the plan then loads as a baseline's), while a threshold that streams stays."""
+    from oallama.bench.accuracy import placement_key
+    from oallama.planner.plan import unnamed_defaults
+
+    weights = sorted(measured_ctx.weight_bytes)
+    never = Placement(frozenset(), 0, dict.fromkeys(weights, NEVER))
+    plain = unnamed_defaults(measured_ctx, never)
+    assert plain.min_batch == {}
+    assert measured_ctx.predict(plain) == measured_ctx.predict(never)
+    streamed = Placement(frozenset(), 0, {**never.min_batch, weights[-1]: 1})
+    assert unnamed_defaults(measured_ctx, streamed).min_batch == {weights[-1]: 1}
+    # a host-only optimal plan is the layers baseline's placement: nothing fits a 1-byte budget
+    opt, layers = make_plan(fast_ctx, "optimal", 1), make_plan(fast_ctx, "layers", 1)
+    assert not opt.placement.on_acc and opt.to_json()["offload_min_batch"] == {}
+    assert placement_key(opt.to_json()) == placement_key(layers.to_json())
+
 def test_layers_leave_what_the_loader_keeps_on_the_host(measured_ctx) -> None:
     # a weight -ngl assigns to the device but the device cannot run (context.loader_kept, checked
     # against a real load on Vulkan in test_vulkan.py) stays on the host in llama.cpp's placement

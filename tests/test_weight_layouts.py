@@ -16,7 +16,7 @@ from helpers import raises_cleanly
 from oallama import Llama, _core
 from oallama.errors import PlacementError, PlanError
 from oallama.planner import layouts as layoutmod
-from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget
+from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget, unnamed_defaults
 from oallama.planner.profile import DUAL, PLAIN, REPACK
 
 PROMPT = b"The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."
@@ -205,14 +205,34 @@ def test_cpu_only_plan_cli_loads_as_planned(q4_0_model: Path, tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert "CPU only" in r.stdout and "all plain" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["devices"] == ["CPU"] and doc["layouts"]
+    assert doc["devices"] == ["CPU"]
     llm = Llama(str(q4_0_model), placement=str(out), n_ctx=128, verbose=False)
     try:
         where = {t.name: _layout(t.buffer_type) for t in llm.tensor_placements()}
     finally:
         llm.close()
-    assert {w: where[w] for w in doc["layouts"]} == doc["layouts"]
+    if doc["layouts"]:
+        assert {w: where[w] for w in doc["layouts"]} == doc["layouts"]
+    else:  # the plan kept llama.cpp's layouts (repacked is faster at every batch here): it names none
+        assert {w: where[w] for w in _repacked(q4_0_model)} == dict.fromkeys(_repacked(q4_0_model), REPACK)
 
+
+
+def test_a_plan_that_keeps_the_default_layouts_names_none(cpu_context, q4_0_model: Path) -> None:
+    """Layouts equal to a default load's are dropped (the load then repacks as llama.cpp does, and
+    the plan loads as a baseline's: the bench compares them as one placement); one other layout
+    keeps them all named, since a load with layouts turns llama.cpp's repacking off."""
+    base = make_plan(cpu_context, "layers", None).placement
+    costs = layoutmod.weight_costs(cpu_context, base)
+    assert costs and {c.default for c in costs.values()} == {REPACK}
+    named = base.with_layouts({w: c.default for w, c in costs.items()})
+    kept = unnamed_defaults(cpu_context, named)
+    assert kept.layouts == {} and kept.dual_max_batch == 0
+    assert cpu_context.predict(kept)["e2e_ms"] == pytest.approx(cpu_context.predict(named)["e2e_ms"], rel=1e-9)
+    one_plain = named.with_layouts({**named.layouts, next(iter(costs)): PLAIN})
+    assert unnamed_defaults(cpu_context, one_plain).layouts == one_plain.layouts
+    dual = named.with_layouts(named.layouts, 8)
+    assert unnamed_defaults(cpu_context, dual).layouts == dual.layouts  # a threshold of its own: named
 
 # --- a mixture of experts: its expert tensors (MUL_MAT_ID) have the layouts too ------------------
 

@@ -210,6 +210,36 @@ def _host_extra(ctx: PlanContext, p: Placement, host_budget: str | int | None) -
     return budget - on_host, budget
 
 
+def unnamed_defaults(ctx: PlanContext, p: Placement) -> Placement:
+    """`p` without what llama.cpp's default load does anyway, so that a plan that chose the default
+    loads as the baselines do (and `--emit-ot` carries all of it):
+
+      layouts     dropped when every host weight keeps the layout a default load gives it and no
+                  host weight sits in a layer n_gpu_layers offloads (its override to the CPU would
+                  force plain memory; naming every layout keeps such weights repacked);
+      thresholds  a "never stream" entry dropped for a weight whose op no pass of the workload
+                  streams by default (an rpc-server has no offload rule of its own: every entry).
+
+    The pass models cost both forms alike: each weight's op runs where it did."""
+    layouts = dict(p.layouts)
+    if layouts and not p.dual_max_batch:
+        costs = layoutmod.weight_costs(ctx, p)
+        host = [w for w in ctx.weight_bytes if w not in p.on_acc]
+        if (all(w in costs and costs[w].default == lay for w, lay in layouts.items())
+                and all(c.default == PLAIN or w in layouts for w, c in costs.items())
+                and not place.layer_weights(host, p.n_gpu_layers, ctx.n_layer)):
+            layouts = {}
+    streamed_by_default: set[str] = set()
+    for pm in ctx.passes.values():
+        for k in pm.kinds[pm.full(p)].values():
+            if k[0] == "w" and k[2] and k[3]:  # ("w", weight, offloadable, default, batch)
+                streamed_by_default.add(k[1])
+    min_batch = {w: b for w, b in p.min_batch.items() if b < NEVER or w in streamed_by_default}
+    if layouts == dict(p.layouts) and min_batch == dict(p.min_batch):
+        return p
+    return Placement(p.on_acc, p.kv_layers, min_batch, layouts, p.dual_max_batch if layouts else 0)
+
+
 def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, progress: bool = False,
               candidates: Sequence[Plan] = (), time_limit: float | None = None,
               host_budget: str | int | None = None) -> Plan:
@@ -240,6 +270,7 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, prog
         extra, host_bytes = _host_extra(ctx, placement, host_budget)
         placement, lay_details = layoutmod.choose(ctx, placement, extra)
         details["layout_choice"] = lay_details
+        placement = unnamed_defaults(ctx, placement)
     elapsed = time.perf_counter() - t0
     return Plan(s.name, ctx.acc, placement, budget_bytes, str(budget) if budget is not None else "",
                 ctx.workload, ctx.predict(placement), placed.memory, _model_doc(ctx), ctx.settings, ctx.profile.key,
@@ -385,8 +416,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                  layoutmod.summary(p.placement.layouts) if p.placement.layouts else "llama.cpp's")
                 for s, p in plans.items()]
         if cpu_only or any(p.placement.layouts for p in plans.values()):
-            plain = chosen.placement.with_layouts({w: PLAIN for w in chosen.placement.layouts})
-            if chosen.placement.layouts:
+            # a plan that kept llama.cpp's layouts names none: its weights that have both still compare
+            both = chosen.placement.layouts or layoutmod.weight_costs(ctx, chosen.placement)
+            if both:
+                plain = chosen.placement.with_layouts({w: PLAIN for w in both})
                 rows.insert(1, ("all plain", chosen.memory["total"], ctx.predict(plain), 0.0, "--no-repack"))
         for name, mem, pred, secs, lay in rows:
             print(f"{name:<10} {mem / 2**20:>10.1f} {pred['ttft_ms']:>10.2f} {pred['tpot_ms']:>10.2f} "
