@@ -127,6 +127,35 @@ def test_split_runs_that_spread_widely_are_repeated(wide_seconds: float, runs: i
     assert load.walls[(1, 32)] == pytest.approx(statistics.median(split_walls))
 
 
+
+def test_decode_passes_are_timed_on_other_tokens_as_a_generation_runs(tiny: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed decode pass evaluates another token (a mixture of experts' same token again reads
+    the experts the pass before left in the caches: the small MoE host decodes calibrated 12-15%
+    fast), while a prompt pass is the same tokens every time."""
+    import oallama.planner.calibrate as cal_mod
+
+    real, seen = cal_mod.timed_eval, []
+
+    def record(llm: Llama, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int], stops: list[int]):
+        seen.append((len(prefix), list(toks)))
+        return real(llm, timer, prefix, toks, stops)
+
+    monkeypatch.setattr(cal_mod, "timed_eval", record)
+    monkeypatch.setattr(cal_mod, "SPLIT_SECONDS", 0.0)
+    with closing(Llama(str(tiny), n_ctx=256, n_batch=32, n_ubatch=32, n_threads=1, verbose=False)) as llm:
+        toks = prompt_tokens(llm, 256)
+        load = cal_mod._Load(llm, toks, 3)
+        load.measure(1, 32)
+        decodes = [t for _, t in seen]
+        seen.clear()
+        load.measure(32, 0)
+        prompts = [t for _, t in seen]
+    assert all(len(t) == 1 for t in decodes) and len(decodes) >= 7  # warm-up, 3 node-mode, 3+ split-mode
+    assert len({t[0] for t in decodes}) == len(decodes)  # a token of its own each time
+    assert {t[0] for t in decodes} <= set(toks[32:])
+    assert prompts and all(t == toks[:32] for t in prompts)
+
 def test_node_timer_is_closed_with_its_context(tiny: Path) -> None:
     llm = Llama(str(tiny), n_ctx=256, n_threads=1, verbose=False)
     timer = _core.NodeTimer(llm.native_context)
