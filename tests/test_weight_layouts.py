@@ -3,6 +3,7 @@ same model, read back where they were put, and the planner chooses them per weig
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -162,17 +163,20 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
     assert plain_times(ctx.passes[1], None) is None
 
 
-def _skewed(ctx, plain_faster_from: int) -> None:
-    """Make the pass models' layout times what a CPU like the EPYC's looks like: repacked twice
-    as fast below `plain_faster_from` columns, plain twice as fast from there (deterministic)."""
+def _skewed(ctx, plain_faster_from: int):
+    """A copy of `ctx` whose pass models' layout times are what a CPU like the EPYC's looks like:
+    repacked twice as fast below `plain_faster_from` columns, plain twice as fast from there
+    (deterministic). A copy: `ctx` is the module's, and its real times are what the other tests check."""
+    ctx = copy.deepcopy(ctx)
     for pm in ctx.passes.values():
         for i, lays in pm.t_layout.items():
             b = pm.graph.nodes[i].ne[1]  # columns: time grows with them
             lays[PLAIN], lays[REPACK] = (2.0 * b, 1.0 * b) if b < plain_faster_from else (1.0 * b, 2.0 * b)
+    return ctx
 
 
 def test_cpu_only_plan_chooses_layouts_per_workload(cpu_context) -> None:
-    _skewed(cpu_context, 8)
+    cpu_context = _skewed(cpu_context, 8)
     plan = make_plan(cpu_context, "optimal", None)
     lays = plan.placement.layouts
     costs = layoutmod.weight_costs(cpu_context, plan.placement)
