@@ -106,6 +106,38 @@ def test_bad_profile_files(tmp_path: Path) -> None:
         Profile.load(tmp_path / "y.json")
 
 
+def test_accelerator_matmuls_are_timed_at_the_workloads_pass_sizes(synth_model, rpc_server: rpc.RpcServer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40-token prompt is no column count the profile times: the accelerator's matmuls are timed
+    at 40 when a plan is costed (a GPU-class kernel runs columns in tiles: lavapipe's took as long
+    at 40 as at 64), kept in the profile and its cache file, and timed once; the host's stay
+    interpolated."""
+    from oallama.planner import opsizes
+    from oallama.planner.graph import target_ops
+    from oallama.planner.plan import Workload, build_context
+    from oallama.planner.profile import cache_dir
+
+    model, acc = synth_model("tiny", "q8_0"), rpc_server.device_name
+    ctx = build_context(model, acc, Workload(prompt=40, gen=4, n_ubatch=64), threads=1, progress=False)
+    ops = target_ops(ctx.passes[40].graph)
+    assert ops and all(o.n_tokens in (1, 40) for o in ops)  # the last layer's tail runs the one token read
+    wide = [o for o in ops if o.n_tokens == 40]
+    key = Profile.op_key
+    for prof in (ctx.profile, Profile.load(cache_dir() / f"{ctx.profile.key}.json").renamed(list(ctx.profile.devices))):
+        assert all(key(o.op, o.weight_type, o.weight_shape, 40) in prof.ops[acc] for o in wide)
+        assert not any(key(o.op, o.weight_type, o.weight_shape, 40) in prof.ops["CPU"] for o in wide)
+        assert all(prof.op_time_us(acc, o) == prof.ops[acc][key(o.op, o.weight_type, o.weight_shape, 40)]["median_us"]
+                   for o in wide)
+    assert not opsizes.missing(ctx.profile, [ctx.passes[40].graph], acc)
+
+    def refuse(*a: object, **k: object) -> None:
+        raise AssertionError(f"timed again: {a}")
+
+    monkeypatch.setattr(opsizes, "time_op", refuse)
+    again = build_context(model, acc, Workload(prompt=40, gen=4, n_ubatch=64), threads=1, progress=False)
+    assert again.passes[40].t_acc.keys() == ctx.passes[40].t_acc.keys()
+
+
 def test_op_time_interpolates_between_measured_column_counts() -> None:
     key = Profile.op_key
     ops = {"CPU": {key("MUL_MAT", "q8_0", (64, 64), 1): {"median_us": 10.0},

@@ -22,6 +22,7 @@ from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
+from . import opsizes
 from .calfit import Calibration
 from .graph import Graph, GraphSession, target_ops
 from .mmshares import interpolated
@@ -209,6 +210,11 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         profile = profile_model(path, [HOST, acc_name] if acc_name else [HOST], threads=threads,
                                 n_tokens=DEFAULT_TOKENS, n_ctx=workload.n_ctx, op_offload=op_offload, progress=progress)
     _check_profile(profile, acc_name, graphs)
+    if acc_name:  # the accelerator's kernels run columns in tiles: its matmuls timed at these pass sizes too
+        timed = opsizes.time_missing(profile, [*graphs.values(), *(g for g in full.values() if g is not None)],
+                                     acc_name, progress=progress)
+        if timed and progress:
+            log(f"timed {timed} op shape(s) on {acc_name} at pass sizes the profile lacked (kept in it)")
     passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
               for n in sizes}
     for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)

@@ -85,7 +85,8 @@ def build_info() -> dict[str, Any]:
             "patches": [p[0] for p in stamp["patches"]], "cuda": bool(_core.have_cuda)}
 
 
-def _stats(samples: Sequence[float]) -> dict[str, float]:
+def op_stats(samples: Sequence[float]) -> dict[str, float]:
+    """One op's timed runs as a profile entry: median, spread and count (us)."""
     return {"median_us": statistics.median(samples), "stdev_us": statistics.stdev(samples) if len(samples) > 1 else 0.0,
             "min_us": min(samples), "max_us": max(samples), "n": len(samples)}
 
@@ -381,7 +382,7 @@ def _spread(sizes: list[int], k: int = 6) -> list[int]:
     return sorted(pts | {4 << 20})
 
 
-def _time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int | None,
+def time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int | None,
              threads: int, warmup: int, repeats: int, repack: bool, host_of: str,
              layout: str = "") -> tuple[list[Any], list[dict[str, Any]]]:
     """One weight matmul signature at each column count: (results, extra stats per column).
@@ -426,7 +427,7 @@ def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str
         pairs = {PLAIN: timed, REPACK: other}
     for lay, (res, extra) in pairs.items():
         for n, r, x in zip(cols, res, extra, strict=True):
-            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
+            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
                                                                             "buffer_type": r.buffer_type, **x}
 
 
@@ -467,17 +468,17 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                 raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
                                    f"{sorted(routed.get((op, wtype, shape), ()))})")
             try:
-                res, extra = _time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
+                res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
                                       settings.repack, host_of)
                 if d.is_host:
                     _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
                                   lambda lay, op=op, wtype=wtype, shape=shape, cols=cols, n_used=n_used, threads=threads:
-                                  _time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
+                                  time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
                                            lay))
             except RuntimeError as e:
                 raise ProfileError(str(e)) from None
             for n, r, x in zip(cols, res, extra, strict=True):
-                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**_stats(r.samples_us),
+                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
                                                                     "buffer_type": r.buffer_type, **x}
             done += 1
             if progress:
