@@ -289,21 +289,38 @@ def real_runs(model: Path, plans: dict[str, Any], reps: int = 5, **load: Any) ->
                     {m: statistics.median(v) for m, v in samples[label].items()}) for label, plan in plans.items()]
 
 
-# measured / predicted within this factor either way (the committed grids: p90 9-22%, max ~40% on
-# the tiny model's sub-millisecond passes over loopback TCP; this VM alone runs a pass up to 1.5x
-# slower for seconds to minutes, which running the plans in turn mostly cancels)
+# a run's measured / predicted against the reference run's, within this factor either way: what a
+# planner ranks placements by, with the machine's drift cancelled (the committed grids: p90 9-22%,
+# max ~40% on the tiny model's sub-millisecond passes over loopback TCP)
 PREDICTION_TOLERANCE = 1.5
+# a run's measured / predicted alone, within this factor either way: it also holds the machine's
+# change of speed since the profile, which running the plans in turn does not cancel (a CI run on
+# the AMD EPYC VM, 2026-11-25: every plan of a test, host-only included, 1.46-1.60x its prediction
+# from a profile taken a minute before, their ratios within 1.06x of the predicted); wide enough
+# for that, and still failing a model that leaves most of a pass out (without the calibration the
+# rpc-server decodes of test_prediction were predicted at 0.4x)
+ABSOLUTE_TOLERANCE = 2.0
+# ... or within this many ms of it, and no ratio taken against a pass predicted under it: a
+# sub-millisecond pass is as long as a sleeping thread's wake-up on this VM (the tiny f16 model's
+# host decode in a process with lavapipe: 0.44-0.71 ms measured against 0.26-0.42 predicted over
+# seven runs of test_vulkan); the bench measures such passes, these tests do not judge them
+SUB_MS = 1.0  # ms
 
 
-def assert_runs_as_predicted(runs: list[RealRun], tolerance: float = PREDICTION_TOLERANCE) -> None:
-    """Every run's TTFT and TPOT within `tolerance` of its prediction, and against the last run
-    (the reference: one generation of each in turn, so the machine's drift cancels) within
-    `tolerance` of the ratio predicted: what a planner ranks placements by. Printed for -s / failures."""
+def assert_runs_as_predicted(runs: list[RealRun], tolerance: float = PREDICTION_TOLERANCE,
+                             absolute: float = ABSOLUTE_TOLERANCE) -> None:
+    """Every run's TTFT and TPOT within `absolute` of its prediction (or SUB_MS ms), and against
+    the last run (the reference: one generation of each in turn, so the machine's drift cancels)
+    within `tolerance` of the ratio predicted: what a planner ranks placements by, for the passes
+    both predict at SUB_MS or more. Printed for -s / failures."""
     print("; ".join(f"{r.label}: TTFT {r.measured['ttft_ms']:.2f} ms (predicted {r.predicted['ttft_ms']:.2f}), "
                     f"TPOT {r.measured['tpot_ms']:.2f} ({r.predicted['tpot_ms']:.2f})" for r in runs))
     ref = runs[-1]
     for r in runs:
         for metric in ("ttft_ms", "tpot_ms"):
-            assert 1 / tolerance < r.ratio(metric) < tolerance, (r.label, metric, r.predicted, r.measured)
+            assert 1 / absolute < r.ratio(metric) < absolute or abs(r.measured[metric] - r.predicted[metric]) <= SUB_MS, \
+                (r.label, metric, r.predicted, r.measured)
+            if min(r.predicted[metric], ref.predicted[metric]) < SUB_MS:
+                continue
             rel = r.ratio(metric) / ref.ratio(metric)
             assert 1 / tolerance < rel < tolerance, (r.label, "against", ref.label, metric, rel)

@@ -250,7 +250,10 @@ def test_vulkan_plan_runs_as_predicted(strategy: str, vk: str, tiny_f16: Path, v
         assert plan.n_gpu_layers > 0
     runs = real_runs(tiny_f16, {f"{strategy} @60%": plan, "nothing on Vulkan0": make_plan(vk_ctx, "layers", 1)},
                      n_threads=1, n_threads_batch=1)
-    assert_runs_as_predicted(runs)
+    # the ratio within 2x, not 1.5: this module's quick profile (2 repeats) put the reference's
+    # 40-token prompt, its weights streamed to lavapipe, at 287-377 ms in four CI runs on the AMD EPYC
+    # VM, measured at 355-431 (1.06-1.44x), while the host-only `optimal` prompt was within 0.96-1.38x
+    assert_runs_as_predicted(runs, tolerance=2.0)
 
 
 def test_a_weight_the_loader_keeps_off_the_device_is_planned_on_the_host(vk: str, synth_model) -> None:
