@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+
+def cache_base() -> Path:
+    """oallama's cache directory: $OALLAMA_CACHE, else $XDG_CACHE_HOME/oallama (~/.cache/oallama);
+    profiles, confirmations and fetched models live in folders of their own under it."""
+    return Path(os.environ.get("OALLAMA_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "oallama"))
 
 
 def read_json(path: str | Path, what: str, error: type[Exception], hint: str = "") -> Any:

@@ -9,11 +9,13 @@ columns came later (older results lack them and still read): `profile_key` (the 
 costed with, saved as profiles/<profile_key>.json), the 1-minute load average at the start and end
 of the configuration, `placement_key` (`accuracy.placement_key` of its plan file), and for a run of
 several rounds (`oallama bench --rounds N`) `rounds` and `round_spread`: a configuration measured in
-several rounds reports its median round's samples (by median e2e; of an even number, the faster of
+several rounds reports its median round's samples (by median e2e; of an even number, the slower of
 the middle two), the machine's typical speed (the project's VM runs 1.4x slower for seconds to
 minutes at a time: the fastest of 3 rounds of a 2-layer 8B cut ran 24% faster than predicted where
 the median round was within 7%), and the spread of its rounds' e2e medians (slowest / fastest - 1);
-rounds.csv lists every round (every raw result stays under raw/).
+rounds.csv lists every round (every raw result stays under raw/). `confirm_s`: the seconds
+`optimal`'s confirmation by measurement took before its run (planner.confirm; its plan is the one
+that confirmation kept).
 
 Beside them: predicted.json (config_id -> the plan's whole prediction, per-pass breakdown
 included) and predicted_passes.csv (the same passes as flat rows); `accuracy` computes the
@@ -45,7 +47,7 @@ COLUMNS = [
     "n_gpu_layers", "kv_layers", "streamed_weights", "prompt", "gen", "threads", "n_ctx", "n_batch", "n_ubatch",
     "flash_attn", "mmap", "reps", "warmup", "metric", "unit", "median", "stddev", "min", "max", "n", "predicted",
     "source", "profile_key", "load_avg_start", "load_avg_end", "host_speed", "acc_speed", "placement_key", "rounds",
-    "round_spread",
+    "round_spread", "confirm_s",
 ]
 # metric -> (unit, description)
 METRICS = {
@@ -97,6 +99,7 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "host_speed": _speed(raw, "host"), "acc_speed": _speed(raw, "accelerator"),
         "placement_key": raw.get("placement_key"),
         "rounds": raw.get("rounds", 1), "round_spread": _spread(raw.get("round_e2e_ms") or []),
+        "confirm_s": plan.get("confirm_s"),  # optimal's confirmation by measurement, before its run (s)
     }
     s = raw["samples"]
     pred = plan["predicted"]
@@ -145,14 +148,14 @@ def _spread(medians: Sequence[float]) -> float | None:
 
 def median_round(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's finished rounds -> the raw result its records report: the round whose
-    median e2e is the rounds' median (the faster middle one of an even number), with `rounds`,
+    median e2e is the rounds' median (the slower middle one of an even number), with `rounds`,
     every round's median e2e (`round_e2e_ms`, by round) and its medians (`round_medians`, each
     with its own plan's prediction and profile: `--reprofile` costs every round anew)."""
     if len(docs) == 1:
         return docs[0]
     by_round = sorted(docs, key=lambda d: int(d.get("round", 1)))
     medians = [statistics.median(d["samples"]["e2e_ms"]) for d in by_round]
-    best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[(len(medians) - 1) // 2]]
+    best = by_round[sorted(range(len(medians)), key=lambda i: medians[i])[len(medians) // 2]]
     every = [{"round": int(d.get("round", 1)), **{m: statistics.median(d["samples"][m]) if d["samples"][m] else None
                                                    for m in ROUND_METRICS}, "load_avg_start": d.get("load_avg_start"),
               "finished": d.get("finished"), "profile_key": d.get("profile_key"), "host_speed": _speed(d, "host"),
@@ -413,6 +416,8 @@ def summary_markdown(records: Sequence[dict[str, Any]], failed: Sequence[dict[st
                     e = m["e2e_ms"]
                     fits = "" if e["fits_budget"] else " (over budget)"
                     frm = f" (= {e['plan_from']})" if e["plan_from"] != e["strategy"] else ""
+                    if e.get("confirm_s") is not None:
+                        frm += f", confirmed in {e['confirm_s']:.0f} s"
                     dev = m.get("device_peak_bytes")
                     e2e = f"**{_ms(m['e2e_ms'])}**" if cid in winners else _ms(m["e2e_ms"])
                     lines.append(

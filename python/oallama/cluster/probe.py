@@ -293,7 +293,7 @@ class ProbeOptions:
     matmul_m: int = 4096  # weight rows
     tokens: tuple[int, ...] = (1, 64)  # activation columns the compute probe times
     compute_target_s: float = 0.3  # each compute sample runs about this long (s)
-    compute_repeats: int = 5  # compute samples per token count (the fastest kept)
+    compute_repeats: int = 5  # compute samples per token count (the median kept)
     client_threads: int | None = None  # threads of the client's matmul probe (llama-cpp's default)
     timeout_s: float = 60.0  # per socket operation (s)
 
@@ -444,7 +444,7 @@ class MatmulRun:
 def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any], device: int = 0,
                     progress: Any = None) -> dict[str, Any]:
     """Sustained FLOP/s of a q8_0 matmul at each token count: R recomputes of the stored graph
-    sent back to back, then one 4-byte read; (elapsed - round trip) / R per compute; the fastest
+    sent back to back, then one 4-byte read; (elapsed - round trip) / R per compute; the median
     of compute_repeats such samples. R grows until the computes outlast both compute_target_s
     and 20x the link's round-trip jitter, so that the round trip subtracted is noise: it doubles
     while the computes take less than a round trip, and is extrapolated to the target from a
@@ -476,10 +476,10 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
                 reps = max(reps * 2, int(reps * target / spent * 1.2)) if spent > rtt else reps * 2
             computes[str(n)] = reps
             per = [max(timed(y, reps) - rtt, 1e-9) / reps for _ in range(opts.compute_repeats)]
-            # the fastest: interference only slows a matmul down (the project's VM ran the same one
-            # 1.35x slower for seconds at a time), and the planner scales measured block times by
-            # the ratio of two such probes, which must not carry one's slow moment
-            med = min(per)
+            # the median: the project's VM ran the same matmul 1.35x slower for seconds at a time,
+            # and the runs being planned for meet those moments too (the fastest sample made every
+            # prediction optimistic)
+            med = statistics.median(per)
             flops[str(n)] = 2.0 * k * m * n / med
             samples[str(n)] = per
             if progress:

@@ -14,11 +14,10 @@ prompt of n_prompt tokens, then 1-token decodes after it):
   matmul_flops[n] the probe's matmul at the same threads, measured as the probe measures a device:
                   through an rpc-server of this machine (loopback, started here).
 
-The CPU passes are timed in ROUNDS rounds seconds apart and each pass kept from the round it ran
-fastest in, as the single-machine calibration keeps them (`planner.rounds`): the project's VM runs
-1.4x slower for seconds at a time and its noise only adds time; the median round had caught the
-slow phase in two of four calibrations of the `mid` model (prompt blocks 53 ms, 41-42 in the others:
-`bench/results/2026-11-24-vm-ci-timing/`). Running the
+The CPU passes are timed in ROUNDS rounds seconds apart and each pass kept from the round of its
+median wall time, as the single-machine calibration keeps them (`planner.rounds`): the project's VM
+runs 1.4x slower for seconds at a time, and the fastest round made every prediction optimistic (the
+generation runs through the slow phases too). Running the
 blocks on an rpc-server costs more than their time, the link's latency and the activations'
 transfers (the graph sent, the inputs set: +45 us a block in decode for the `mid` model on this
 VM's loopback): a child process times runs of passes with every block on a loopback rpc-server
@@ -60,7 +59,7 @@ from .problem import BlockTimes, ModelCost
 
 MIN_REPS = 5  # timed passes per size, at least
 REPS_S = 1.0  # ... and more of them while they take under this long (s), at most 4x
-ROUNDS = 3  # the CPU passes timed this many times, seconds apart (each pass's fastest round kept)
+ROUNDS = 3  # the CPU passes timed this many times, seconds apart (each pass's median round kept)
 ALTERNATIONS = 5  # runs of CPU passes and of rpc passes, alternated (the median difference kept)
 
 
@@ -153,10 +152,10 @@ def _rpc_child(req: dict[str, Any]) -> dict[str, Any]:
         finally:
             far.close()
             cpu.close()
-        # the matmul again, seconds later: the faster of the two (the probe keeps a device's fastest
-        # sample; a slow moment on one side of the ratio scaled every block)
+        # the matmul again, seconds later: the mean of the two (a slow moment on one side of the
+        # ratio scales every block, halved)
         flops.append(probe_device(srv.endpoint, opts)[0]["flops"])
-        out["flops"] = {k: max(f[k] for f in flops) for k in flops[0]}
+        out["flops"] = {k: statistics.fmean(f[k] for f in flops) for k in flops[0]}
     return out
 
 
@@ -257,9 +256,10 @@ def calibrate(cost: ModelCost, *, threads: int, n_prompt: int, matmul: tuple[int
         sample = sample_us(llm, MIN_REPS)  # the logits are the last eval's
     finally:
         llm.close()
-    # each pass from the round it ran fastest in (the VM's slow phases only add time)
-    block_us = {n: min(rounds, key=lambda r: r[1][n])[0][n] for n in sizes}
-    walls = {n: min(r[1][n] for r in rounds) for n in sizes}
+    # each pass from the round of its median wall (the slower middle one of an even number)
+    kept = {n: sorted(rounds, key=lambda r: r[1][n])[len(rounds) // 2] for n in sizes}
+    block_us = {n: kept[n][0][n] for n in sizes}
+    walls = {n: kept[n][1][n] for n in sizes}
     rest_us = {n: max(walls[n] - sum(block_us[n]), 0.0) + sample for n in sizes}
     flops = {int(k): float(v) for k, v in child["flops"].items()}
     link = child["link"]

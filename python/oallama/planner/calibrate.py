@@ -69,7 +69,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 25  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 26  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -105,8 +105,9 @@ VERSION = 25  # of the method: part of a calibrated profile's cache key (8: stre
 # host's passes with its weights repacked and plain, `layouts`; a pass size anchored only where it timed most ops;
 # 23: `layouts` every round, the rounds' median ratio kept; 24: `layouts` times one pass per size node by node in
 # both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`; 25: each timed decode
-# pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval)
-MAX_ROUNDS = 5  # measurements repeated (each pass's fastest kept) while the rounds take under ROUNDS_S seconds
+# pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval; 26: each pass, streamed and
+# scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`)
+MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
@@ -242,16 +243,18 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     inside such a window scales its terms by it (one model's every prediction 45% slow; another's
     decode timed at 4.8 ms after 32 tokens and 3.0 ms after 510 in one round). So the measurements
     are repeated while the rounds so far took less than `rounds_s` seconds, at most `max_rounds`
-    times, and each timed pass is taken from the round it ran fastest in (`merge_rounds`)."""
+    times, and each timed pass is taken from the round of its median time (`merge_rounds`)."""
     t0 = time.perf_counter()
     rounds: list[Round] = []
+    acc = devices[1] if len(devices) > 1 else None  # the CPU first
+    refused = profile.refused(acc) if acc is not None and profile is not None else set()
     for k in range(max(max_rounds, 1)):
         if progress and k:
-            print(f"\rcalibrate: round {k + 1} (each pass's fastest round is kept)".ljust(100), end="",
+            print(f"\rcalibrate: round {k + 1} (each pass's median round is kept)".ljust(100), end="",
                   file=sys.stderr, flush=True)
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
-                                     progress=progress, routing=k == 0))
+                                     progress=progress, routing=k == 0, refused=refused))
         spent = time.perf_counter() - t0
         if spent + spent / (k + 1) > rounds_s:  # another round would end past rounds_s
             break
@@ -266,7 +269,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         t1 = time.perf_counter()
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
-                                     progress=False, routing=False, host_only=True))
+                                     progress=False, routing=False, host_only=True, refused=refused))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
@@ -295,9 +298,11 @@ def _detached_on(m: Round) -> dict[str, list[float]]:
 
 def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_prefill: int, n_ctx: int,
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
-                   routing: bool = True, host_only: bool = False) -> Round:
+                   routing: bool = True, host_only: bool = False,
+                   refused: Collection[tuple[str, tuple[int, ...]]] = ()) -> Round:
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
-    which does not change between rounds; host_only: the host load's passes alone)."""
+    which does not change between rounds; host_only: the host load's passes alone; refused: weights
+    (type, shape) the accelerator refused to run when profiled, never streamed to it)."""
     from ..model import gguf_file
     from ..runtime import devices as devmod
     from ..runtime.generate import prompt_tokens
@@ -371,7 +376,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             print(f"\rcalibrate: real graph, every host weight streamed ({len(loads) + 1}/{len(loads) + 1})".ljust(100),
                   end="", file=sys.stderr, flush=True)
         st = measure_stream(path, accs[0].name, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
-                             reps=reps)
+                             reps=reps, refused=refused)
         if st is not None:
             stream[accs[0].name] = st
     scatter: dict[str, dict[str, Any]] = {}

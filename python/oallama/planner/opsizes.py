@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from ..errors import ProfileError
 from .graph import Graph, target_ops
-from .profile import Profile, cache_dir, op_stats, time_op
+from .profile import UNSUPPORTED, Profile, cache_dir, is_unsupported, op_stats, time_op
 
 Signature = tuple[str, str, tuple[int, ...]]  # (op, weight type, weight shape)
 
@@ -34,7 +34,8 @@ def missing(profile: Profile, graphs: Iterable[Graph], device: str) -> dict[Sign
     out: dict[Signature, tuple[set[int], int]] = {}
     for g in graphs:
         for op in target_ops(g):
-            if Profile.op_key(op.op, op.weight_type, op.weight_shape, op.n_tokens) in table:
+            if Profile.op_key(op.op, op.weight_type, op.weight_shape, op.n_tokens) in table \
+                    or not profile.supports(device, op):
                 continue
             cols, _ = out.setdefault((op.op, op.weight_type, op.weight_shape), (set(), op.n_expert_used))
             cols.add(op.n_tokens)
@@ -60,7 +61,11 @@ def time_missing(profile: Profile, graphs: Iterable[Graph], device: str, *, warm
             res, extra = time_op(device, op, wtype, shape, cols, used or None, 1, warmup, repeats,
                                  profile.settings.repack, "")
         except RuntimeError as e:
-            raise ProfileError(f"timing {op} {wtype} {shape} at {cols} cols on {device}: {e}") from None
+            if not is_unsupported(e):
+                raise ProfileError(f"timing {op} {wtype} {shape} at {cols} cols on {device}: {e}") from None
+            # refused at these sizes: marked, as `profile.measure` marks it
+            table.update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
+            continue
         for n, r, x in zip(cols, res, extra, strict=True):
             table[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us), "buffer_type": r.buffer_type, **x}
     if progress:

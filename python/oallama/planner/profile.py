@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core, _libs
-from .._files import read_json
+from .._files import cache_base, read_json
 from .._version import __version__
 from ..errors import ProfileError
 from ..options import add_arguments, from_args, option
@@ -58,9 +58,7 @@ LAYOUTS_VERSION = 2  # how `layouts` is measured (part of the profile key); 2: M
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("OALLAMA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "oallama")
-    return Path(base) / "profiles"
+    return cache_base() / "profiles"
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,14 @@ def build_info() -> dict[str, Any]:
     stamp = _libs.llama_cpp_stamp()
     return {"oallama": __version__, "llama_cpp_commit": stamp["llama_cpp_commit"],
             "patches": [p[0] for p in stamp["patches"]], "cuda": bool(_core.have_cuda)}
+
+
+UNSUPPORTED = "unsupported"  # an op entry's flag: the device refused to run the op (no times)
+
+
+def is_unsupported(e: BaseException) -> bool:
+    """`time_op` failed because the device does not support the op (csrc/profile.cpp's message)."""
+    return " does not support " in str(e)
 
 
 def op_stats(samples: Sequence[float]) -> dict[str, float]:
@@ -238,6 +244,20 @@ class Profile:
         rpc-server is sent its work, not waited for; other backends: the same as launch_us)."""
         d = self.devices.get(device, {})
         return float(d.get("issue_us", d.get("launch_us", 0.0)))
+
+    def refused(self, device: str) -> set[tuple[str, tuple[int, ...]]]:
+        """(weight type, shape) of the weight matmuls `device` refused to run when profiled."""
+        out = set()
+        for k, v in self.ops.get(device, {}).items():
+            if v.get(UNSUPPORTED):
+                _, wtype, shape, _ = k.split(":")
+                out.add((wtype, tuple(int(x) for x in shape.split("x"))))
+        return out
+
+    def supports(self, device: str, op: TargetOp) -> bool:
+        """False where `device` refused to run `op`'s signature when it was profiled."""
+        prefix = self.op_key(op.op, op.weight_type, op.weight_shape, 0)[:-1]
+        return not any(k.startswith(prefix) and v.get(UNSUPPORTED) for k, v in self.ops.get(device, {}).items())
 
     def compute_us(self, device: str, op: TargetOp, layout: str | None = None, active: float | None = None) -> float:
         """The op's own compute (us): its profiled time less the launch it includes (at least a
@@ -470,6 +490,15 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             try:
                 res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
                                       settings.repack, host_of)
+            except RuntimeError as e:
+                if d.is_host or not is_unsupported(e):
+                    raise ProfileError(str(e)) from None
+                # an accelerator refusing the op at this size (lavapipe: a 262144-row tied output matrix):
+                # its weight stays on the host (schedmodel), as llama.cpp's loader keeps it
+                ops[d.name].update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
+                done += 1
+                continue
+            try:
                 if d.is_host:
                     _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
                                   lambda lay, op=op, wtype=wtype, shape=shape, cols=cols, n_used=n_used, threads=threads:

@@ -15,7 +15,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,9 +85,15 @@ def decode_walls(llm: Any, tokens: list[int], n_prefill: int, reps: int) -> list
     """Consecutive 1-token decode passes after an n_prefill-token prompt, as a generation runs
     them: each one's wall time until the device finished (us). The first one (it rebuilds the
     graph after the prompt's) is not kept; callers take the mean, as a TPOT averages its passes
-    (on a busy machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass)."""
-    llm.reset()
-    llm.eval(tokens[:n_prefill])
+    (on a busy machine a streamed pass over loopback TCP took 1.1 or 2.1 s, the same pass).
+    A prompt already evaluated is decoded on from, not evaluated again: lavapipe corrupted the heap
+    evaluating gemma3's 32-token prompt again after decode passes with every weight streamed."""
+    prefix = tokens[:n_prefill]
+    if llm.n_tokens >= n_prefill and list(llm.input_ids[:n_prefill]) == list(prefix):
+        llm.n_tokens = n_prefill  # the prefix's KV cells are still there
+    else:
+        llm.reset()
+        llm.eval(prefix)
     walls = []
     for k in range(2 * max(reps, 2) + 1):
         t0 = time.perf_counter()
@@ -98,10 +104,12 @@ def decode_walls(llm: Any, tokens: list[int], n_prefill: int, reps: int) -> list
 
 
 def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, threads: int, mmap: bool,
-                    reps: int) -> dict[str, Any] | None:
+                    reps: int, refused: Collection[tuple[str, tuple[int, ...]]] = ()) -> dict[str, Any] | None:
     """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
     one's op streamed to `acc` at any batch (patch 0001), as a FlexGen-like plan runs: their mean
     wall time and the weights each streamed. None when no weight could stream (all repacked).
+    refused: (type, shape) of weights whose matmul `acc` refused when profiled: not streamed (lavapipe
+    takes a 262144-row tied output matrix's op, and corrupts the heap copying the weight).
 
     Two loads: the weight matmuls are read from a plain one (a streamed op reads the weight's copy,
     which is no model weight), and the policy is set on the other before its first pass: a
@@ -115,7 +123,8 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
             base = {r.index: r for r in timed_eval(llm, timer, prefix, batch, []).nodes
                     if r.weight_type and r.op in MATMUL_OPS}
     with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
-        _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements() if t.is_host})
+        _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements()
+                                                      if t.is_host and (t.type, t.shape) not in refused})
         with _core.NodeTimer(llm.native_context) as timer:
             nodes = timed_eval(llm, timer, prefix, batch, []).nodes  # also the warm-up
         streamed = [base[r.index] for r in nodes if r.index in base and r.device == acc]

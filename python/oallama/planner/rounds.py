@@ -2,7 +2,8 @@
 
 This VM (and any shared machine) runs the same pass in two speed states 1.5x apart for seconds to
 minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
-the round it ran fastest in (`merge_rounds`); a decode pass that still measured slower than the
+the round of its median time (`merge_rounds`): the fastest round biased every prediction fast (24
+held-out predictions, every one optimistic by 2-21%); a decode pass that still measured slower than the
 same pass over a longer KV cache is bounded by it before the fit (`context_bounded`). A pass's time
 outside its graph, with and without the accelerator attached, is the median over the rounds, the
 statistic the bench reports of its own rounds: the fastest splits' round's let one slow measurement
@@ -44,12 +45,13 @@ def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
     return (str(d.get("load")), int(d["n_tokens"]), int(d["n_past"]))
 
 
-def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
-    """Each timed pass (load, tokens, KV length) from the round whose splits ran it fastest
-    (pick "median": the round of the median time, the faster middle one of an even number): its
-    nodes and splits together; its time outside the graph the median over the rounds (`middle`);
-    the streamed and scattered passes from their fastest round; what a detached load saves from the
-    round whose host passes spent least outside their graphs, and each pass's measured time outside
+def merge_rounds(rounds: Sequence[Round], pick: str = "median") -> Round:
+    """Each timed pass (load, tokens, KV length) from the round of its median time (the slower middle
+    one of an even number; pick "fastest": the round whose splits ran it fastest, which biases every
+    prediction fast): its nodes and splits together; its time outside the graph the median over the
+    rounds (`middle`); the streamed and scattered passes from the round of their median wall; what a
+    detached load saves from the round of the median time its host passes spent outside their graphs,
+    and each pass's measured time outside
     its graph without the accelerator, the median over the rounds (`alone`: calibrate.py fits what a
     detached load saves from it and the kept times)."""
     if pick not in ("fastest", "median"):
@@ -57,8 +59,8 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     if not rounds:
         raise ValueError("no calibration rounds to merge")
 
-    def chosen(order: list[int]) -> int:  # order: rounds sorted fastest first
-        return order[0] if pick == "fastest" else order[(len(order) - 1) // 2]
+    def chosen(order: list[Any]) -> Any:  # order: rounds (or their measurements) sorted fastest first
+        return order[0] if pick == "fastest" else order[len(order) // 2]
 
     totals: list[dict[tuple[str, int, int], float]] = []
     for r in rounds:
@@ -73,18 +75,17 @@ def merge_rounds(rounds: Sequence[Round], pick: str = "fastest") -> Round:
     splits = [s for i, r in enumerate(rounds) for s in r.splits if best.get(_pass_key(s)) == i]
     outside = {k: middle([r.outside[k] for r in rounds if k in r.outside]) for k in {k for r in rounds for k in r.outside}}
 
-    def fastest(field_of: Any) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def kept(field_of: Any) -> dict[str, dict[str, Any]]:
+        by: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rounds:
             for acc, m in field_of(r).items():
-                if acc not in out or float(m["wall_us"]) < float(out[acc]["wall_us"]):
-                    out[acc] = m
-        return out
+                by[acc].append(m)
+        return {acc: chosen(sorted(ms, key=lambda m: float(m["wall_us"]))) for acc, ms in by.items()}
 
     with_detached = [i for i, r in enumerate(rounds) if r.detached] or list(range(len(rounds)))  # not host-only rounds
-    least = min(with_detached, key=lambda i: sum(rounds[i].outside.values()))
-    return Round(points, splits, outside, fastest(lambda r: r.stream), fastest(lambda r: r.scatter),
-                 rounds[0].routing, rounds[least].detached, alone=_alone(rounds), layouts=_layouts(rounds))
+    mid = chosen(sorted(with_detached, key=lambda i: sum(rounds[i].outside.values())))
+    return Round(points, splits, outside, kept(lambda r: r.stream), kept(lambda r: r.scatter),
+                 rounds[0].routing, rounds[mid].detached, alone=_alone(rounds), layouts=_layouts(rounds))
 
 
 def _layouts(rounds: Sequence[Round]) -> dict[str, Any] | None:
@@ -104,10 +105,11 @@ def _layouts(rounds: Sequence[Round]) -> dict[str, Any] | None:
 
 
 def middle(values: Sequence[float]) -> float:
-    """The median of `values`, the faster middle one of an even number (a measured value, not a mean)."""
+    """The median of `values`, the slower middle one of an even number (a measured value, not a mean;
+    not the faster one: every choice of the fast side made the predictions optimistic)."""
     if not values:
         raise ValueError("no values")
-    return sorted(values)[(len(values) - 1) // 2]
+    return sorted(values)[len(values) // 2]
 
 
 def _alone(rounds: Sequence[Round]) -> dict[str, dict[tuple[int, int], float]]:
@@ -124,8 +126,8 @@ def _alone(rounds: Sequence[Round]) -> dict[str, dict[tuple[int, int], float]]:
 def context_bounded(splits: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The timed splits with each device's share of a pass bounded by its share of the same pass
     over a longer KV cache (same load and tokens): the longer one runs the same ops on more cells,
-    so a shorter one measured slower ran in one of the machine's slow phases, which the fastest of
-    the calibration's rounds did not escape (QwQ's host decode: 83.7 ms after 32 tokens, 64.8 after
+    so a shorter one measured slower ran in one of the machine's slow phases, which the calibration's
+    rounds did not escape (QwQ's host decode: 83.7 ms after 32 tokens, 64.8 after
     510, where the same pass measured 62 ms in one process; bench/results/2026-11-24-vm-handback).
     Its splits are scaled down to the longer pass's total."""
     total: dict[tuple[Any, ...], float] = defaultdict(float)

@@ -232,8 +232,10 @@ class PassModel:
                 act = (routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
                        if routing is not None and op.op == "MUL_MAT_ID" else None)
                 self.t_host[op.index] = profile.compute_us(HOST, op, active=act) * scale[HOST]
-                self.t_acc[op.index] = (profile.compute_us(acc, op, active=act) * scale[acc] if acc
-                                        else self.t_host[op.index])
+                if acc and not profile.supports(acc, op):  # refused when profiled: its weight stays on the host
+                    self.acc_ok[op.weight] = False
+                self.t_acc[op.index] = (profile.compute_us(acc, op, active=act) * scale[acc]
+                                        if acc and profile.supports(acc, op) else self.t_host[op.index])
                 self.default_layout[op.index] = profile.default_layout(op)
                 if profile.has_layouts(op):  # a weight matmul, or a mixture of experts' at its routing
                     # the calibration's host scale was fitted on the default layout: applied to both
