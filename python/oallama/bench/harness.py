@@ -54,9 +54,11 @@ from .._files import write_json
 from ..errors import BudgetError, PlanError
 from ..model import gguf_file
 from ..options import add_arguments, format_default, from_args, option
+from ..options import group as option_group
 from ..planner.plan import BASELINES, STRATEGIES, parse_budget
 from ..runtime import devices as devmod
 from ..runtime import rpc
+from ..runtime.planfile import ConfirmOptions
 from . import accuracy
 from . import profiles as bench_profiles
 from .launch import RAW_SCHEMA, is_finished, launch, raw_stem
@@ -113,11 +115,12 @@ class Config:
     n_ctx: int  # context size, from the workload (plan.Workload.n_ctx)
     settings: RunSettings
     build: str  # oallama version + llama.cpp commit
+    confirm: str = ""  # optimal: how its plan was confirmed by measurement (`confirm_spec`; "off": predicted)
 
     @property
     def id(self) -> str:
         doc = asdict(self)
-        for k in ("model", "model_name", "device"):
+        for k in ("model", "model_name", "device") + (("confirm",) if not self.confirm else ()):
             doc.pop(k)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -176,6 +179,7 @@ class BenchOptions:
                                      "(a worker running longer is killed and recorded as failed)")
     reprofile: bool = option(False, help="measure the profile afresh for this run instead of reusing a cached "
                              "one (the cache is left as it is)")
+    confirm: ConfirmOptions = option_group(ConfirmOptions)  # optimal: the plan confirmed by measurement, as `plan` does
     plots: bool = option(True, help="write PNG plots")
     progress: bool = option(True, off="--quiet", help="show progress on stderr")
 
@@ -334,7 +338,8 @@ def build_configs(opts: BenchOptions, dev_identity: str, dev_name: str, settings
                     if strategy == "n-cpu-moe" and not moe:  # a mixture-of-experts baseline only
                         continue
                     out.append(Config(str(path.resolve()), path.stem, ident, dev_name, dev_identity, strategy,
-                                      budget.strip(), prompt, gen, oo, n_ctx, settings, build))
+                                      budget.strip(), prompt, gen, oo, n_ctx, settings, build,
+                                      confirm_spec(opts.confirm) if strategy == "optimal" else ""))
     return out
 
 
@@ -432,7 +437,7 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
         profile_key = bench_profiles.save(opts.out, ctx.profile)
         for budget in dict.fromkeys(c.budget for c in group):
             todo = [c for c in group if c.budget == budget]
-            plans = _make_plans(ctx, budget, {c.strategy for c in todo}, oo)
+            plans = _make_plans(ctx, budget, {c.strategy for c in todo}, oo, opts.confirm, settings, opts.progress)
             for c in todo:
                 i += 1
                 est = statistics.mean(durations) if durations else 0.0
@@ -480,8 +485,17 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
     return True
 
 
-def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool) -> dict[str, Any]:
-    """strategy -> Plan (or an error message). optimal gets every other plan as a candidate."""
+def confirm_spec(opts: ConfirmOptions) -> str:
+    """How optimal's plans are confirmed, as its configurations' identity records it."""
+    if not opts.confirm:
+        return "off"
+    return f"time {opts.confirm_time:g} s, rounds {opts.confirm_rounds}, steps {opts.confirm_steps}"
+
+
+def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool, confirm: ConfirmOptions | None = None,
+                settings: RunSettings | None = None, progress: bool = False) -> dict[str, Any]:
+    """strategy -> Plan (or an error message). optimal gets every other plan as a candidate and,
+    with `confirm` on, is the plan its confirmation kept (loaded as the worker loads, `settings`)."""
     from ..errors import OallamaError
     from ..planner import plan as planmod
 
@@ -499,6 +513,17 @@ def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool) -> di
             out[s] = planmod.make_plan(ctx, s, budget, candidates=cands)
         except (OallamaError, RuntimeError) as e:
             out[s] = f"{type(e).__name__}: {e}"
+    opt = out.get("optimal")
+    if confirm is not None and confirm.confirm and opt is not None and not isinstance(opt, str):
+        load = {} if settings is None else {
+            "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch, "n_threads": settings.threads,
+            "n_threads_batch": settings.threads, "flash_attn": settings.flash_attn, "use_mmap": settings.mmap,
+            "op_offload": op_offload}
+        made = {s: p for s, p in out.items() if not isinstance(p, str)}
+        try:
+            out["optimal"] = planmod.confirmed(ctx, budget, confirm, load=load, plans=made, progress=progress)[0]
+        except (OallamaError, RuntimeError) as e:
+            out["optimal"] = f"confirmation: {type(e).__name__}: {e}"
     return out
 
 
@@ -535,7 +560,8 @@ def _plan_doc(p: Any) -> dict[str, Any]:
             "load": p.load_mode, "kv_layers": p.placement.kv_layers, "plan_seconds": p.plan_s,
             "weights_on_acc": len(p.placement.on_acc),
             "streamed_weights": sum(b < NEVER for b in p.offload_policy().values()),
-            "from": _winner(p), "model_weight_bytes": int(p.model["weight_bytes"]),
+            "from": _winner(p), "confirm_s": (p.extra.get("confirmation") or {}).get("seconds"),
+            "model_weight_bytes": int(p.model["weight_bytes"]),
             "model_n_layer": int(p.model["n_layer"]), "model_architecture": p.model.get("architecture", "")}
 
 

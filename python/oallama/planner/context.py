@@ -72,6 +72,8 @@ class Workload:
     gen: int = option(128, help="generated tokens of the workload")
     objective: str = option("e2e", choices=OBJECTIVES, help="predicted time to minimise")
     n_ubatch: int = option(512, flag="--ubatch", help="llama.cpp's n_ubatch (tokens per graph)")
+    context: int | None = option(None, flag="--ctx", help="context size the model is loaded with (llama.cpp's n_ctx, tokens)",
+                          default_help="prompt + gen rounded up to 256")
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -79,6 +81,9 @@ class Workload:
         if self.prompt < 1 or self.gen < 1 or self.n_ubatch < 1:
             raise PlanError(f"workload needs prompt, gen and n_ubatch >= 1 (got {self.prompt}, {self.gen}, "
                             f"{self.n_ubatch})")
+        if self.context is not None and self.context < self.prompt + self.gen:
+            raise PlanError(f"--ctx {self.context}: the workload's prompt and generation need {self.prompt + self.gen} "
+                            "tokens of context")
 
     def ubatches(self) -> list[int]:
         """Token counts of the prompt's ubatches (llama.cpp splits a prompt by n_ubatch)."""
@@ -87,7 +92,8 @@ class Workload:
 
     @property
     def n_ctx(self) -> int:
-        return max(256, -(-(self.prompt + self.gen) // 256) * 256)
+        """The context size (tokens): `context`, or prompt + gen rounded up to 256 (at least 256)."""
+        return self.context or max(256, -(-(self.prompt + self.gen) // 256) * 256)
 
     def pass_kv(self) -> dict[int, int]:
         """n_tokens -> the KV length its passes attend over (tokens). llama.cpp pads the KV view

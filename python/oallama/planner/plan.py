@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,8 +33,11 @@ from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
 from ..runtime import devices as devmod
 from ..runtime import place, planfile
+from ..runtime.planfile import ConfirmOptions
+from . import confirm as confirmmod
 from . import layouts as layoutmod
 from . import strategies
+from .confirm import Confirmation
 from .context import OBJECTIVES, PlanContext, Workload, build_context, parse_budget
 from .profile import DUAL, PLAIN, REPACK, Profile, build_info
 from .schedmodel import HOST, NEVER, Placement
@@ -50,6 +54,7 @@ from .verify import measure_memory
 
 SCHEMA = planfile.PLAN_SCHEMA
 LAYOUT_STRATEGIES = ("affinity", "optimal")  # strategies that also choose host weight layouts
+DEFAULT_LAYOUTS_LABEL = "optimal-default-layouts"  # optimal's placement with llama.cpp's host layouts
 
 
 # --- plans --------------------------------------------------------------------------------------
@@ -97,7 +102,9 @@ class Plan:
 
     @property
     def load_mode(self) -> str:
-        return "fit" if self.strategy == "fit" else "n_gpu_layers" if self.stock_layers else "overrides"
+        """How the plan loads: llama.cpp's fit patterns as they are, n_gpu_layers alone, or overrides
+        (by what the placement is, not by its strategy's name: a confirmed `optimal` may be either)."""
+        return "fit" if self.raw_overrides else "n_gpu_layers" if self.stock_layers else "overrides"
 
     def load_spec(self) -> place.LoadSpec:
         if self.load_mode == "fit":
@@ -125,7 +132,7 @@ class Plan:
 
     def emit_args(self) -> list[str]:
         """Arguments reproducing the weight placement in stock llama-server / llama-cli."""
-        if self.strategy == "n-cpu-moe" and self.extra.get("n_cpu_moe") is not None:
+        if self.extra.get("n_cpu_moe") is not None:  # n-cpu-moe's placement (or optimal confirming it)
             return ["-ngl", str(self.n_gpu_layers), "--n-cpu-moe", str(self.extra["n_cpu_moe"])]
         args = ["-ngl", str(self.n_gpu_layers)]
         if not self.stock_layers and self.accelerator:
@@ -277,6 +284,55 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, prog
                 placed.stock_layers, elapsed, details, sorted(ctx.weight_bytes), placed.raw_overrides, host_bytes)
 
 
+def confirm_strategies(ctx: PlanContext) -> tuple[str, ...]:
+    """The strategies whose plans a confirmation shortlists from: llama.cpp's own placements (on the
+    CPU alone its default load; `n-cpu-moe` only for a mixture of experts), then oallama's."""
+    if ctx.acc is None:
+        return ("layers", "optimal")
+    moe = bool(strategies.expert_layers(ctx.weight_bytes))
+    return ("layers", "fit", *(("n-cpu-moe",) if moe else ()), "affinity", "optimal")
+
+
+def make_plans(ctx: PlanContext, budget: str | int | None, wanted: Sequence[str], *, optional: Sequence[str] = (),
+               time_limit: float | None = None, host_budget: str | int | None = None,
+               progress: bool = False) -> dict[str, Plan]:
+    """Plans of the `wanted` strategies, `optimal` last and started from the others. A strategy in
+    `optional` that cannot plan here (`fit` without llama.cpp's common library, say) is left out,
+    saying why when `progress`."""
+    order = [s for s in wanted if s != "optimal"] + [s for s in wanted if s == "optimal"]
+    plans: dict[str, Plan] = {}
+    for s in order:
+        try:
+            plans[s] = make_plan(ctx, s, budget, candidates=list(plans.values()), time_limit=time_limit,
+                                 host_budget=host_budget)
+        except PlanError as e:
+            if s not in optional:
+                raise
+            if progress:
+                print(f"plan: no '{s}' plan to compare with ({e})", file=sys.stderr)
+    return plans
+
+
+def confirmed(ctx: PlanContext, budget: str | int | None, opts: ConfirmOptions, *, load: Mapping[str, Any] | None = None,
+              time_limit: float | None = None, host_budget: str | int | None = None, progress: bool = False,
+              plans: dict[str, Plan] | None = None) -> tuple[Plan, dict[str, Plan], Confirmation | None]:
+    """The `optimal` plan, confirmed by measurement (`confirm`) against the plans of
+    `confirm_strategies` (those in `plans` reused, the rest made): (the kept plan, every plan made,
+    the confirmation; None when opts.confirm is off: the predicted plan)."""
+    want = confirm_strategies(ctx)
+    plans = dict(plans or {})
+    plans.update(make_plans(ctx, budget, [s for s in want if s not in plans], optional=("fit", "n-cpu-moe"),
+                            time_limit=time_limit, host_budget=host_budget, progress=progress))
+    if not opts.confirm:
+        return plans["optimal"], plans, None
+    shortlisted = {s: p for s, p in plans.items() if s in want}
+    variant = confirmmod.with_default_layouts(ctx, plans["optimal"])
+    if variant is not None:
+        shortlisted[DEFAULT_LAYOUTS_LABEL] = variant
+    conf = confirmmod.confirm(ctx, shortlisted, opts, load=load, progress=progress)
+    return conf.plan, plans, conf
+
+
 def read_plan(path: str | Path, model: gguf_file.GGUFInfo | None = None) -> dict[str, Any]:
     """A plan file's JSON, checked: schema, and (given the model) that it was made for it."""
     return planfile.read_document(path, model)
@@ -290,7 +346,8 @@ class LoadPlanner:
 
     def __call__(self, model_path: Path, strategy: str, budget: str | int | None, *, device: str | None,
                  workload: Any, profile: Any, threads: int | None, op_offload: bool, n_ubatch: int,
-                 progress: bool, host_budget: str | int | None = None) -> dict[str, Any]:
+                 progress: bool, host_budget: str | int | None = None, confirm: ConfirmOptions | None = None,
+                 load: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if isinstance(workload, Mapping):
             workload = Workload(**{"n_ubatch": n_ubatch, **workload})
         wl = workload or Workload(n_ubatch=n_ubatch)
@@ -298,7 +355,10 @@ class LoadPlanner:
             profile = Profile.load(profile)
         ctx = build_context(model_path, device, wl, profile=profile, threads=threads, op_offload=op_offload,
                             progress=progress)
-        return make_plan(ctx, strategy, budget, host_budget=host_budget).to_json()
+        opts = confirm or ConfirmOptions()
+        if strategy != "optimal" or not opts.confirm:
+            return make_plan(ctx, strategy, budget, host_budget=host_budget).to_json()
+        return confirmed(ctx, budget, opts, load=load, host_budget=host_budget, progress=progress)[0].to_json()
 
 
 # --- CLI ----------------------------------------------------------------------------------------
@@ -324,6 +384,7 @@ class PlanOptions:
     profile: Path | None = option(None, help="use this profile JSON instead of measuring (or the cache)")
     time_limit: float = option(TIME_LIMIT_S, help="seconds the exact solver may search per mode (the best plan "
                                "found is kept)")
+    confirm: ConfirmOptions = group(ConfirmOptions)  # --strategy optimal: the choice confirmed by measurement
     emit_ot: bool = option(False, help="print -ngl/-ot arguments for stock llama.cpp")
     output: Path | None = option(None, short="-o", help="write the chosen plan here")
     progress: bool = option(True, off="--quiet", help="show progress on stderr")
@@ -395,14 +456,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         wl = o.workload
         prof = Profile.load(o.profile) if o.profile else None
         ctx = build_context(o.model, acc, wl, profile=prof, threads=o.threads, progress=o.progress)
-        plans: dict[str, Plan] = {}
         order = ("layers", "optimal") if cpu_only else STRATEGIES
         if o.strategy not in order:  # a baseline: compared only when asked for
             order = (*order, o.strategy)
-        for s in order:
-            plans[s] = make_plan(ctx, s, o.gpu_budget, candidates=list(plans.values()), time_limit=o.time_limit,
-                                 host_budget=o.host_budget)
-        chosen = plans[o.strategy] if o.strategy in plans else plans["optimal"]
+        conf: Confirmation | None = None
+        if o.strategy == "optimal" and o.confirm.confirm:
+            chosen, plans, conf = confirmed(ctx, o.gpu_budget, o.confirm, time_limit=o.time_limit,
+                                            host_budget=o.host_budget, progress=o.progress)
+        else:
+            plans = make_plans(ctx, o.gpu_budget, order, time_limit=o.time_limit, host_budget=o.host_budget)
+            chosen = plans[o.strategy]
         where = "CPU only" if cpu_only else f"budget {parse_budget(o.gpu_budget, ctx.model.weight_bytes) / 2**20:.1f} " \
                                             f"MiB on {acc}"
         print(f"{ctx.model.path.name}: {ctx.model.weight_bytes / 2**20:.1f} MiB of weights, {ctx.n_layer} layers; "
@@ -440,6 +503,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             gap = float(opt.get("mip_gap") or 0.0)
             print(f"optimal: {'proven optimal' if gap <= 1e-6 else f'best found, within {gap:.1%} of optimal'} "
                   f"(HiGHS, {opt.get('solve_seconds_total', 0.0):.1f} s; raise the limit with --time-limit)")
+        if conf is not None:
+            print("\n" + confirmation_table(conf))
         if o.emit_ot:
             print("\nstock llama.cpp equivalent of the weight placement (llama-cli takes the same arguments):")
             print(" ".join(_shell_quote(a) for a in chosen.stock_command()))
@@ -452,6 +517,27 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if o.output:
             print(f"\nwrote {chosen.save(o.output)}")
     return 0
+
+
+def confirmation_table(conf: Confirmation) -> str:
+    """What the confirmation measured, per candidate, and what it kept."""
+    wl = conf.plan.workload
+    how = {"together": "loaded together", "in turn": "loaded one at a time", "cached": "cached",
+           "none": "nothing to measure"}[conf.mode]
+    lines = [f"confirmation ({conf.seconds:.1f} s, {conf.rounds} round(s), {how}): {wl.objective} of prompt "
+             f"{wl.prompt}, {conf.to_json()['measured_as'].split(', then ')[-1]}",
+             f"{'plan':<28} {'predicted ms':>12} {'measured ms':>12} {'vs base':>8} {'spread':>7}"]
+    for c in conf.candidates:
+        m = c.measured()
+        r = conf.ratios.get(c.label, {})
+        meas = f"{m['objective_ms']:>12.1f}" if m else f"{'failed' if c.error else '-':>12}"
+        vs = f"{r['vs_baseline']:>8.3f}" if "vs_baseline" in r else f"{'-':>8}"
+        spread = f"{r['spread']:>7.1%}" if "spread" in r else f"{'-':>7}"
+        mark = " *" if c is conf.chosen else ""
+        lines.append(f"{c.label[:28]:<28} {c.predicted_ms:>12.1f} {meas} {vs} {spread}{mark}")
+    lines.append("vs base: round by round over the best of llama.cpp's placements (median; spread: half the range)")
+    lines.append(f"kept (*): {conf.reason}")
+    return "\n".join(lines)
 
 
 def _shell_quote(a: str) -> str:

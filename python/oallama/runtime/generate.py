@@ -19,8 +19,9 @@ from typing import Any
 
 from ..errors import PlacementError
 from ..model import gguf_file
-from ..options import add_arguments, from_args, option
+from ..options import add_arguments, from_args, group, option
 from . import planfile
+from .planfile import ConfirmOptions
 from .rpc import RPC_TIMEOUT_S
 
 
@@ -156,6 +157,7 @@ class RunOptions:
     host_budget: str | None = option(None, help="host memory for weights the plan may fill with dual layouts "
                                      "('20GiB', '150%')", default_help="no dual layouts")
     plan_prompt: int = option(64, help="prompt length the plan optimises for")
+    confirm: ConfirmOptions = group(ConfirmOptions)  # --gpu-budget / --cpu-plan with optimal: confirmed by measurement
     ubatch: int = option(512, help="llama.cpp's n_ubatch")
     rpc_local: bool = option(False, help="start a loopback rpc-server as a second device")
     rpc_threads: int = option(1, minimum=1, help="threads of that rpc-server")
@@ -191,13 +193,14 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             if args.gpu_budget or (devices and len(devices) > 1):
                 raise PlacementError("--cpu-plan plans the CPU alone: drop --gpu-budget / --devices / --rpc-local")
             placement = args.strategy
-            plan_kw = {"host_budget": args.host_budget,
+            plan_kw = {"host_budget": args.host_budget, "confirm": args.confirm,
                        "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
         elif args.gpu_budget:
             if not devices or len(devices) < 2:
                 raise PlacementError("--gpu-budget needs an accelerator (--devices CPU,DEV or --rpc-local)")
             placement = args.strategy
             plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1], "host_budget": args.host_budget,
+                       "confirm": args.confirm,
                        "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
             devices = None
         llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,

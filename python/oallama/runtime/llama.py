@@ -13,6 +13,10 @@ Every constructor argument and method of `llama_cpp.Llama` works unchanged. New 
     workload=   oallama.planner.plan.Workload (or a mapping of its fields) to optimise for
                 (default: prompt 512, generate 128, e2e)
     profile=    a Profile or profile JSON to plan with (default: measured once, then cached)
+    confirm=    placement="optimal" only: True (default), False, or a planfile.ConfirmOptions (or mapping of
+                its fields): the shortlisted plans -- the planner's best, llama.cpp's own placements for
+                the budget -- loaded with this Llama's settings and run on the workload in turn; the
+                measured fastest is loaded (llama.cpp's unless another measured faster). Cached.
     layouts=    host weight -> layout: "CPU" (plain), "CPU_REPACK" or "CPU_REPACK_DUAL" (both; matmuls
                 below dual_max_batch= columns use the repacked copy). With layouts, llama.cpp's own
                 repacking is off: weights not named are plain. A plan file may carry them.
@@ -226,10 +230,15 @@ def _trim(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(dims)
 
 
+# llama_cpp.Llama arguments a confirmation's candidate loads take from the load they confirm for
+_CONFIRM_LOAD_KWARGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "use_mmap",
+                        "op_offload", "type_k", "type_v")
+
+
 def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.GGUFInfo,
              devices: Sequence[str] | None, gpu_budget: str | int | None, kwargs: dict[str, Any],
              device: str | None, workload: Any, profile: Any,
-             host_budget: str | int | None = None) -> planfile.LoadRequest:
+             host_budget: str | int | None = None, confirm: Any = None) -> planfile.LoadRequest:
     if gpu_budget is not None and placement is None:
         placement = "optimal"
     is_file = isinstance(placement, Path) or (isinstance(placement, str) and
@@ -251,14 +260,17 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
                                 "(oallama.runtime.rpc.start_server() starts a local one), or no gpu_budget= "
                                 "for a CPU-only plan")
             acc = found.name
+        load = {k: kwargs[k] for k in _CONFIRM_LOAD_KWARGS if kwargs.get(k) is not None}
         doc = planner(model.path, placement, gpu_budget, device=acc, workload=workload, profile=profile,
                       threads=kwargs.get("n_threads"), op_offload=kwargs.get("op_offload") is not False,
                       n_ubatch=int(kwargs.get("n_ubatch", 512)), progress=bool(kwargs.get("verbose", True)),
-                      host_budget=host_budget)
+                      host_budget=host_budget, confirm=planfile.ConfirmOptions.of(confirm), load=load)
         return planfile.operator_plan_request(doc)
     if gpu_budget is not None or host_budget is not None:
         raise PlanError("gpu_budget= and host_budget= go with placement='layers'|'affinity'|'optimal', not with a "
                         "fixed placement")
+    if confirm is not None:
+        raise PlanError("confirm= goes with placement='optimal' (a strategy planned here), not with a fixed placement")
     if placement is None or isinstance(placement, Mapping):
         return planfile.LoadRequest(dict(placement) if placement is not None else None)
     if isinstance(placement, str | Path):
@@ -273,14 +285,14 @@ class Llama(llama_cpp.Llama):
                  placement: Mapping[str, str] | str | Path | None = None, gpu_budget: str | int | None = None,
                  device: str | None = None, workload: Any = None, profile: Any = None,
                  layouts: Mapping[str, str] | None = None, dual_max_batch: int | None = None,
-                 host_budget: str | int | None = None, rpc_timeout: float | None = None,
+                 host_budget: str | int | None = None, confirm: Any = None, rpc_timeout: float | None = None,
                  load_progress: Callable[[float], bool | None] | None = None, **kwargs: Any) -> None:
         self._rpc_endpoints: list[str] = []
         if rpc_timeout is not None:
             devmod.set_rpc_timeout(rpc_timeout)
         self.model_info = gguf_file.check_model(model_path, vocab_only=bool(kwargs.get("vocab_only")))
         req = _resolve(placement, self.model_info, devices, gpu_budget, kwargs, device, workload, profile,
-                       host_budget)
+                       host_budget, confirm)
         if devices is None and req.devices is not None:
             devices = _plan_devices(req)
         if req.n_gpu_layers is not None:

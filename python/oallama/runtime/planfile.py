@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import read_json
 from ..errors import OallamaError, PlanError
+from ..options import option
 
 if TYPE_CHECKING:
     from ..model.gguf_file import GGUFInfo
@@ -140,15 +141,53 @@ register_reader(DISTPLAN_SCHEMA, _read_distributed)
 # --- planning on request ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ConfirmOptions:
+    """How the `optimal` strategy's plan is confirmed by measurement (the planner's `confirm`): the
+    shortlisted plans -- its best, llama.cpp's own placements for the budget, the next distinct ones
+    -- loaded, run on the workload in alternated rounds, and the measured fastest kept (llama.cpp's
+    unless another measured faster by more than the rounds' spread). Also the flags of `oallama plan`,
+    `run` and `serve`; `Llama(confirm=...)` takes one, or False."""
+
+    confirm: bool = option(True, off="--no-confirm", help="measure the shortlisted plans and keep the fastest "
+                           "(--no-confirm: the predicted fastest)")
+    confirm_time: float = option(60.0, minimum=0, help="seconds the confirmation may take, loads included")
+    confirm_rounds: int = option(5, minimum=1, help="alternated rounds of the shortlisted plans, at most")
+    confirm_steps: int = option(8, minimum=1, help="decode steps timed per round, after the workload's prompt")
+    reconfirm: bool = option(False, help="measure again even where a cached confirmation matches")
+
+    def __post_init__(self) -> None:
+        if self.confirm_time < 0 or self.confirm_rounds < 1 or self.confirm_steps < 1:
+            raise PlanError(f"confirmation: time {self.confirm_time} s, rounds {self.confirm_rounds} and steps "
+                            f"{self.confirm_steps}: the time must be >= 0, rounds and steps >= 1")
+
+    @staticmethod
+    def of(value: Any) -> ConfirmOptions:
+        """`Llama(confirm=...)`'s value: None (the defaults), a bool, a mapping of fields or ConfirmOptions."""
+        if value is None or value is True:
+            return ConfirmOptions()
+        if value is False:
+            return ConfirmOptions(confirm=False)
+        if isinstance(value, ConfirmOptions):
+            return value
+        if isinstance(value, Mapping):
+            return ConfirmOptions(**value)
+        raise PlanError(f"confirm={value!r}: expected True, False, a mapping of ConfirmOptions' fields or "
+                        "ConfirmOptions")
+
+
 class Planner(Protocol):
-    """Makes a plan document (``oallama.plan/1``) for a strategy and a budget."""
+    """Makes a plan document (``oallama.plan/1``) for a strategy and a budget. `confirm`: how the
+    `optimal` plan is confirmed by measurement; `load`: the llama_cpp.Llama arguments the plan will
+    be loaded with (the confirmation loads its candidates with them)."""
 
     @property
     def strategies(self) -> Sequence[str]: ...
 
     def __call__(self, model_path: Path, strategy: str, budget: str | int | None, *, device: str | None,
                  workload: Any, profile: Any, threads: int | None, op_offload: bool, n_ubatch: int,
-                 progress: bool, host_budget: str | int | None = None) -> dict[str, Any]: ...
+                 progress: bool, host_budget: str | int | None = None, confirm: ConfirmOptions | None = None,
+                 load: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 _planner: Callable[[], Planner] | None = None

@@ -104,7 +104,7 @@ def llama_kwargs(opts: ServeOptions, rpc_device: str | None = None) -> dict[str,
     accelerator = opts.device or (devices[-1] if devices and len(devices) > 1 else None)
     kw.update(placement=opts.strategy, gpu_budget=opts.gpu_budget, device=accelerator,
               workload={"prompt": opts.plan_prompt, "gen": opts.plan_gen, "n_ubatch": opts.ubatch},
-              profile=str(opts.profile) if opts.profile else None)
+              profile=str(opts.profile) if opts.profile else None, confirm=opts.confirm)
     return kw
 
 

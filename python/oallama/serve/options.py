@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OallamaError
-from ..options import option
+from ..options import group, option
+from ..runtime.planfile import ConfirmOptions
 from ..runtime.rpc import RPC_TIMEOUT_S
 
 API_KEY_ENV = "OALLAMA_API_KEY"
@@ -55,6 +56,7 @@ class ServeOptions:
     plan_prompt: int = option(512, help="prompt tokens of the workload a --gpu-budget plan optimises for")
     plan_gen: int = option(128, help="generated tokens of that workload")
     profile: Path | None = option(None, help="profile JSON to plan with (default: measured once, then cached)")
+    confirm: ConfirmOptions = group(ConfirmOptions)  # --gpu-budget with --strategy optimal: confirmed by measurement
     host: str = option("127.0.0.1", help="address to listen on; anything but loopback warns without an API key")
     port: int = option(8000, help="port to listen on (0: a free one, printed at start-up)")
     api_key: str | None = option(None, default_help=f"${API_KEY_ENV}, else none",

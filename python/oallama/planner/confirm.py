@@ -1,0 +1,515 @@
+"""Confirm a plan by measurement: the final choice is measured, not predicted.
+
+The cost model ranks placements; where two are close, or the model is wrong about one, only a run
+tells. `confirm` shortlists the planner's best plan, llama.cpp's own placements for the budget
+(`layers`, `fit`, and `n-cpu-moe` for a mixture of experts; on the CPU alone its default load) and
+the next distinct plans, loads them (all at once when memory allows, else one at a time), runs the
+workload on each in alternated rounds -- its prompt at its stated length, then decode steps -- and
+keeps the measured fastest. A plan departs from the best of llama.cpp's placements only when it
+measured faster than it by more than the rounds' spread (and more than `TIE`), over at least
+`MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept. The result,
+every candidate's predicted and measured times, goes into the plan file (`extra["confirmation"]`)
+and a cache keyed by everything it depends on::
+
+    plans = {s: make_plan(ctx, s, "50%", candidates=[...]) for s in ("layers", "fit", "affinity", "optimal")}
+    conf = confirm(ctx, plans, ConfirmOptions(confirm_time=60))
+    conf.plan                     # the kept plan, strategy "optimal", extra["winner"]: whose placement
+    conf.to_json()["candidates"]  # per candidate: predicted and measured TTFT/TPOT/objective, rounds
+
+Measured per round and candidate: TTFT (the prompt's passes and the first token's sampling) and
+TPOT (the mean of `confirm_steps` decode steps); the objective as the planner costs it: e2e =
+TTFT + (gen - 1) x TPOT. Candidates are compared round by round (paired ratios: the machine's
+drift between rounds cancels), the order reversed every other round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack, closing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._files import cache_base, write_json
+from ..errors import OallamaError, PlanError
+from ..runtime.planfile import ConfirmOptions
+
+if TYPE_CHECKING:
+    from .context import PlanContext, Workload
+    from .schedmodel import Placement
+
+
+class Plan(Protocol):
+    """What confirming a plan reads of it (planner.plan.Plan, a dataclass)."""
+
+    strategy: str
+    placement: Placement
+    workload: Workload
+    predicted: dict[str, Any]
+    memory: dict[str, int]
+    extra: dict[str, Any]
+    budget_bytes: int
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def save(self, path: str | Path) -> Path: ...
+
+LLAMA_CPP_OWN = ("layers", "fit", "n-cpu-moe")  # llama.cpp's own placements (on the CPU alone: its default)
+CHALLENGERS = ("optimal", "affinity")  # oallama's plans, in the order a tie on prediction ranks them
+MAX_CANDIDATES = 4  # distinct placements measured, at most
+MIN_ROUNDS = 3  # rounds before a plan may depart from llama.cpp's placement (fewer: no spread to judge by)
+TIE = 0.02  # a plan departs only when measured faster than this too (a share of the baseline's time)
+# a baseline predicted too slow to run within the time bound loses to a plan measured at under its
+# predicted time / this (predictions have erred by 2-35%, never by 2x: lavapipe's streamed prompts,
+# a 53-s `layers` pass against a 1.8-s `optimal` one, would otherwise keep the slow one unmeasured)
+CENSORED = 2.0
+PREDICTION_SLACK = 1.3  # a pass's time before it was measured: its prediction times this (they ran up to 21% slow)
+LOAD_S = 0.5  # a load's fixed time before one was measured (s) ...
+LOAD_BYTES_PER_S = 1.0e9  # ... and its speed (bytes of weights per second)
+MEMORY_MARGIN = 0.9  # of the free memory the candidates loaded at once may fill
+VERSION = 1  # of the method: part of the cache key
+
+
+@dataclass
+class Candidate:
+    """One distinct placement of the shortlist, with its measurements (ms)."""
+
+    labels: list[str]  # the strategies whose plans load this placement
+    plan: Plan
+    baseline: bool  # one of llama.cpp's own placements
+    predicted_ms: float  # the workload's objective, predicted
+    runs: list[dict[str, float] | None] = field(default_factory=list)  # per round: ttft_ms, tpot_ms, objective_ms
+    load_s: float = 0.0
+    error: str | None = None  # it failed to load or run: not a choice
+    too_slow: bool = False  # its predicted run did not fit in what was left of the time bound: not run
+
+    @property
+    def label(self) -> str:
+        return " = ".join(self.labels)
+
+    def measured(self) -> dict[str, float] | None:
+        done = [r for r in self.runs if r is not None]
+        if not done:
+            return None
+        return {m: statistics.median(r[m] for r in done) for m in done[0]}
+
+
+@dataclass
+class Confirmation:
+    """What `confirm` did and kept."""
+
+    chosen: Candidate
+    candidates: list[Candidate]
+    plan: Plan  # the kept placement as the requested strategy's plan, the confirmation in its extra
+    reason: str
+    seconds: float
+    rounds: int  # complete rounds measured
+    mode: str  # "together" (every candidate loaded at once), "in turn", "cached", "none" (nothing to measure)
+    options: ConfirmOptions
+    ratios: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> vs the kept baseline
+
+    def to_json(self) -> dict[str, Any]:
+        wl = self.plan.workload
+        return {"version": VERSION, "chosen": self.chosen.labels, "reason": self.reason, "seconds": self.seconds,
+                "rounds": self.rounds, "mode": self.mode, "objective": wl.objective,
+                "measured_as": f"prompt {wl.prompt} tokens, then {min(self.options.confirm_steps, max(wl.gen - 1, 1))} "
+                               "decode steps per round",
+                "time_bound_s": self.options.confirm_time, "max_rounds": self.options.confirm_rounds,
+                "candidates": [{"labels": c.labels, "baseline": c.baseline, "key": load_key(c.plan), "too_slow": c.too_slow,
+                                "predicted": {m: c.plan.predicted[m] for m in ("ttft_ms", "tpot_ms", "e2e_ms")},
+                                "predicted_objective_ms": c.predicted_ms, "measured": c.measured(),
+                                "runs": c.runs, "load_s": c.load_s, "error": c.error,
+                                **self.ratios.get(c.label, {})} for c in self.candidates]}
+
+
+# --- the shortlist ------------------------------------------------------------------------------
+
+
+def load_key(plan: Plan | Mapping[str, Any]) -> str:
+    """Two plans (or plan files' documents) with the same key load the same: which weight on which
+    device, whole layers by n_gpu_layers, the KV layers, per-weight streaming thresholds, host layouts."""
+    doc = plan if isinstance(plan, Mapping) else plan.to_json()
+    acc = doc.get("accelerator")
+    what = {"placement": {w: ("<acc>" if d == acc else d) for w, d in sorted(doc["placement"].items())},
+            "n_gpu_layers": doc["n_gpu_layers"], "kv_layers": doc["kv_layers"],
+            "offload_min_batch": doc["offload_min_batch"], "layouts": doc["layouts"],
+            "dual_max_batch": doc["dual_max_batch"]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shortlist(ctx: PlanContext, plans: Mapping[str, Plan], limit: int = MAX_CANDIDATES) -> list[Candidate]:
+    """The distinct placements worth measuring, baselines first: every distinct one of llama.cpp's
+    own placements among `plans`, then oallama's, by predicted objective, up to `limit` in all.
+    Plans that load the same placement are one candidate (its labels name them all)."""
+    by_key: dict[str, Candidate] = {}
+    order = [s for s in LLAMA_CPP_OWN if s in plans] + [s for s in plans if s not in LLAMA_CPP_OWN]
+    for s in order:
+        p = plans[s]
+        k = load_key(p)
+        if k in by_key:
+            by_key[k].labels.append(s)
+            continue
+        by_key[k] = Candidate([s], p, s in LLAMA_CPP_OWN, float(p.predicted[f"{ctx.workload.objective}_ms"]))
+    cands = list(by_key.values())
+    base = [c for c in cands if c.baseline]
+    rest = sorted((c for c in cands if not c.baseline),
+                  key=lambda c: (c.predicted_ms, CHALLENGERS.index(c.labels[0]) if c.labels[0] in CHALLENGERS else 9))
+    if not base:
+        raise PlanError("confirmation needs one of llama.cpp's own placements among the plans "
+                        f"({', '.join(LLAMA_CPP_OWN)}); got {', '.join(plans)}")
+    return base + rest[:max(limit - len(base), 1)]
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+
+def decide(cands: Sequence[Candidate], tie: float = TIE,
+           min_rounds: int = MIN_ROUNDS) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
+    """(the candidate kept, why, per label its median ratio to the kept baseline and its spread).
+
+    The best baseline is the one of llama.cpp's placements with the lowest median objective over the
+    rounds it ran (before any measurement: the lowest predicted). Each other candidate is compared
+    round by round with it: q = its objective / the baseline's in the same round. It replaces the
+    baseline when 1 - median(q) exceeds both `tie` and the spread, half the range of q, over at
+    least `min_rounds` rounds; of several, the largest gain."""
+    ok = [c for c in cands if c.error is None]
+    base_ok = [c for c in ok if c.baseline]
+    if not base_ok:
+        raise PlanError("confirmation: none of llama.cpp's own placements could be loaded and run: "
+                        + "; ".join(f"{c.label}: {c.error}" for c in cands if c.baseline))
+
+    def median_obj(c: Candidate) -> float:
+        m = c.measured()
+        return m["objective_ms"] if m is not None else float("inf")
+
+    measured_base = [c for c in base_ok if c.measured() is not None]
+    base = (min(measured_base, key=median_obj) if measured_base else min(base_ok, key=lambda c: c.predicted_ms))
+    ratios: dict[str, dict[str, float]] = {}
+    if not measured_base and base.too_slow:  # no run of the baseline: the censored comparison
+        fast = [c for c in ok if not c.baseline and sum(r is not None for r in c.runs) >= min_rounds
+                and CENSORED * median_obj(c) < base.predicted_ms]
+        if fast:
+            best = min(fast, key=median_obj)
+            for c in fast:
+                ratios[c.label] = {"vs_baseline_predicted": median_obj(c) / base.predicted_ms}
+            return best, (f"'{best.label}' measured {median_obj(best):.0f} ms, under 1/{CENSORED:g} of llama.cpp's "
+                          f"'{base.label}' predicted {base.predicted_ms:.0f} ms, too slow to run within the time "
+                          "bound"), ratios
+    best, best_gain = base, 0.0
+    for c in ok:
+        if c is base:
+            continue
+        q = [a["objective_ms"] / b["objective_ms"] for a, b in zip(c.runs, base.runs, strict=False)
+             if a is not None and b is not None and b["objective_ms"] > 0]
+        if not q:
+            continue
+        ratio, spread = statistics.median(q), (max(q) - min(q)) / 2
+        ratios[c.label] = {"vs_baseline": ratio, "spread": spread, "paired_rounds": len(q)}
+        gain = 1.0 - ratio
+        if len(q) >= min_rounds and gain > max(tie, spread) and gain > best_gain:
+            best, best_gain = c, gain
+    if best is base:
+        faster = [lab for lab, r in ratios.items() if r["vs_baseline"] < 1.0]
+        if not measured_base:
+            why = f"nothing was measured within the time bound: kept llama.cpp's '{base.label}'"
+        elif faster:
+            why = (f"kept llama.cpp's '{base.label}': {', '.join(faster)} measured faster only within the rounds' "
+                   f"spread or by under {tie:.0%}")
+        else:
+            why = f"kept llama.cpp's '{base.label}': nothing measured faster"
+    else:
+        r = ratios[best.label]
+        why = (f"'{best.label}' measured {1 - r['vs_baseline']:.1%} faster than llama.cpp's '{base.label}' "
+               f"(spread {r['spread']:.1%}, {int(r['paired_rounds'])} rounds)")
+    return best, why, ratios
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def _say(progress: bool, msg: str, end: str = "\n") -> None:
+    if progress:
+        print(f"\rconfirm: {msg}".ljust(100) if end == "" else f"confirm: {msg}", end=end, file=sys.stderr,
+              flush=True)
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    n = round(width * done / max(total, 1))
+    return "[" + "#" * n + "-" * (width - n) + "]"
+
+
+def _available_host_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _host_bytes(ctx: PlanContext, plan: Plan) -> int:
+    """Host memory a load of `plan` takes for its weights (bytes; both layouts' copies where dual)."""
+    on_acc = plan.placement.on_acc
+    host = sum(b for w, b in ctx.weight_bytes.items() if w not in on_acc)
+    return host * (2 if plan.placement.dual_max_batch else 1)
+
+
+def _fits_together(ctx: PlanContext, cands: Sequence[Candidate]) -> tuple[bool, str]:
+    from ..runtime import devices as devmod
+
+    need_host = sum(_host_bytes(ctx, c.plan) for c in cands)
+    avail = _available_host_bytes()
+    if need_host > MEMORY_MARGIN * avail:
+        return False, f"{need_host / 2**30:.1f} GiB of host weights for {len(cands)} loads, {avail / 2**30:.1f} free"
+    if ctx.acc is not None:
+        need_acc = sum(int(c.plan.memory.get("total", 0)) for c in cands)
+        free, _ = devmod.device_memory(ctx.acc)
+        if free > 0 and need_acc > MEMORY_MARGIN * free:
+            return False, f"{need_acc / 2**30:.2f} GiB on {ctx.acc} for {len(cands)} loads, {free / 2**30:.2f} free"
+    return True, ""
+
+
+class _Runner:
+    """Loads candidates and times one run of the workload on a loaded one."""
+
+    def __init__(self, ctx: PlanContext, load: Mapping[str, Any], steps: int, tmp: Path) -> None:
+        self.ctx, self.load, self.steps, self.tmp = ctx, dict(load), steps, tmp
+        self.prompt: list[int] | None = None
+        self.loads_s: list[float] = []  # every load's time (s)
+
+    def open(self, c: Candidate) -> Any:
+        from ..runtime.llama import Llama
+
+        path = c.plan.save(self.tmp / f"candidate-{load_key(c.plan)}.json")
+        t0 = time.perf_counter()
+        llm = Llama(str(self.ctx.model.path), placement=str(path), **self.load)
+        c.load_s = time.perf_counter() - t0
+        self.loads_s.append(c.load_s)
+        return llm
+
+    def run(self, llm: Any) -> dict[str, float]:
+        from ..runtime.generate import prompt_tokens, timed_generate
+
+        wl = self.ctx.workload
+        if self.prompt is None:
+            self.prompt = prompt_tokens(llm, wl.prompt)
+        g = timed_generate(llm, self.prompt, self.steps + 1)
+        ttft, tpot = g.ttft_s * 1e3, g.tpot_s * 1e3
+        obj = {"ttft": ttft, "tpot": tpot}.get(wl.objective, ttft + (wl.gen - 1) * tpot)
+        return {"ttft_ms": ttft, "tpot_ms": tpot, "objective_ms": obj}
+
+    def predicted_run_s(self, c: Candidate) -> float:
+        pred = c.plan.predicted
+        return PREDICTION_SLACK * (float(pred["ttft_ms"]) + self.steps * float(pred["tpot_ms"])) / 1e3
+
+    def load_s(self) -> float:
+        """A load's time (s): the longest measured so far, before any LOAD_S + the weights at LOAD_BYTES_PER_S."""
+        if self.loads_s:
+            return max(self.loads_s)
+        return LOAD_S + self.ctx.model.weight_bytes / LOAD_BYTES_PER_S
+
+
+def _last_run_s(c: Candidate, runner: _Runner) -> float:
+    done = [r for r in c.runs if r is not None]
+    if not done:
+        return runner.predicted_run_s(c)
+    r = max(done, key=lambda r: r["ttft_ms"] + runner.steps * r["tpot_ms"])
+    return (r["ttft_ms"] + runner.steps * r["tpot_ms"]) / 1e3
+
+
+def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, load: Mapping[str, Any],
+             progress: bool, t0: float) -> tuple[int, str]:
+    """Fill the candidates' runs (one entry per round each, None where it did not run); (complete
+    rounds, mode). Nothing starts that its estimate says would end past the time bound."""
+    deadline = t0 + opts.confirm_time
+    steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
+    together, why_not = _fits_together(ctx, cands)
+    mode = "together" if together else "in turn"
+
+    def left() -> float:
+        return deadline - time.perf_counter()
+
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="oallama-confirm-") as tmp:
+        runner = _Runner(ctx, load, steps, Path(tmp))
+        llms: dict[int, Any] = {}  # candidate -> its load (together: all of them, for the whole measurement)
+
+        def visit(i: int) -> tuple[bool, dict[str, float] | None]:
+            """(in time, a run of candidate i, loaded first when it is not; None: it failed)."""
+            c = cands[i]
+            if _last_run_s(c, runner) + (0.0 if i in llms else runner.load_s()) > left():
+                return False, None
+            try:
+                if i not in llms:
+                    llm = runner.open(c)
+                    llms[i] = stack.enter_context(closing(llm)) if together else llm
+                return True, runner.run(llms[i])
+            except OallamaError as e:
+                c.error = f"{type(e).__name__}: {e}"
+                _say(progress, f"'{c.label}' failed: {c.error}")
+                return True, None
+            finally:
+                if not together and i in llms:
+                    llms.pop(i).close()
+
+        # the cheapest first: a candidate predicted too slow for what is left of the bound is not run
+        order = sorted(range(len(cands)), key=lambda i: runner.predicted_run_s(cands[i]))
+        if together:  # each loaded and run once, unrecorded: a first run allocates
+            for k, i in enumerate(order):
+                c = cands[i]
+                _say(progress, f"{_bar(0, opts.confirm_rounds)} loading '{c.label}' ({k + 1}/{len(cands)})", end="")
+                if not visit(i)[0]:
+                    c.too_slow = True
+                    _say(progress, f"'{c.label}' not run: about {_last_run_s(c, runner):.0f} s a run (predicted), "
+                                   f"{max(left(), 0.0):.0f} s of the bound left")
+        else:
+            _say(progress, f"one load at a time ({why_not})")
+            for i in order:
+                if _last_run_s(cands[i], runner) + runner.load_s() > opts.confirm_time:
+                    cands[i].too_slow = True
+        rounds = 0
+        for r in range(opts.confirm_rounds):
+            live = [i for i, c in enumerate(cands) if c.error is None and not c.too_slow]
+            need = sum(_last_run_s(cands[i], runner) + (0.0 if i in llms else runner.load_s()) for i in live)
+            censored = any(c.baseline and c.too_slow for c in cands)  # a lone candidate still measures against it
+            if not live or (len(live) < 2 and not censored) or need > left():
+                break
+            got: dict[int, dict[str, float] | None] = {}
+            complete = True
+            for i in live if r % 2 == 0 else reversed(live):
+                in_time, got[i] = visit(i)
+                complete = complete and in_time
+            for i, c in enumerate(cands):
+                c.runs.append(got.get(i))
+            if not complete:
+                break
+            rounds += 1
+            _say(progress, f"{_bar(rounds, opts.confirm_rounds)} round {rounds}/{opts.confirm_rounds}, "
+                           f"{time.perf_counter() - t0:.0f} s", end="")
+        if progress:
+            print(file=sys.stderr)
+    return rounds, mode
+
+
+# --- confirm --------------------------------------------------------------------------------------
+
+
+def _cache_path(ctx: PlanContext, cands: Sequence[Candidate], opts: ConfirmOptions,
+                load: Mapping[str, Any]) -> Path:
+    what = {"version": VERSION, "model": ctx.model.identity(), "profile": ctx.profile.key, "acc": ctx.acc,
+            "workload": asdict(ctx.workload), "budget": cands[0].plan.budget_bytes,
+            "candidates": [[c.labels, load_key(c.plan)] for c in cands],
+            "steps": opts.confirm_steps, "rounds": opts.confirm_rounds,
+            "load": {k: load[k] for k in sorted(load) if isinstance(load[k], (int, float, str, bool, type(None)))}}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return cache_base() / "confirmations" / f"{key}.json"
+
+
+def _from_cache(path: Path, cands: list[Candidate]) -> dict[str, Any] | None:
+    """A cached confirmation's runs restored into `cands` (its document; None: unreadable, or of other
+    candidates: measure again)."""
+    try:
+        doc = json.loads(path.read_text())
+        by_label = {c.label: c for c in cands}
+        entries = {" = ".join(e["labels"]): e for e in doc["candidates"]}
+        if set(entries) != set(by_label):
+            return None
+        for label, e in entries.items():
+            c = by_label[label]
+            c.runs, c.load_s, c.error, c.too_slow = list(e["runs"]), e["load_s"], e["error"], bool(e.get("too_slow"))
+        return dict(doc)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | None = None, *,
+            load: Mapping[str, Any] | None = None, requested: str = "optimal", progress: bool = True,
+            cache: bool = True, candidates: list[Candidate] | None = None) -> Confirmation:
+    """Measure the shortlist of `plans` (or the given `candidates`) and keep the fastest (see the
+    module docstring). `load`: llama_cpp.Llama arguments of the loads (default: the workload's
+    context and ubatch, the profile's threads, mmap and op offload); `requested`: the strategy whose
+    plan the result stands for. opts.confirm False: nothing is measured, the plan predicted
+    fastest of the shortlist is kept."""
+    opts = opts or ConfirmOptions()
+    t0 = time.perf_counter()
+    cands = candidates if candidates is not None else shortlist(ctx, plans)
+    st = ctx.profile.settings
+    load = {"n_ctx": ctx.workload.n_ctx, "n_batch": ctx.workload.n_ubatch, "n_ubatch": ctx.workload.n_ubatch,
+            "n_threads": st.threads, "n_threads_batch": st.threads, "use_mmap": st.mmap, "op_offload": st.op_offload,
+            "flash_attn": False, "seed": 1234, "verbose": False, **(load or {})}
+    steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
+
+    def finish(chosen: Candidate, reason: str, rounds: int, mode: str,
+               ratios: dict[str, dict[str, float]]) -> Confirmation:
+        conf = Confirmation(chosen, cands, chosen.plan, reason, time.perf_counter() - t0, rounds, mode, opts, ratios)
+        conf.plan = _as_requested(chosen, requested, conf)
+        return conf
+
+    if len(cands) == 1:
+        reason = f"every shortlisted plan loads the same placement ({cands[0].label}): nothing to measure"
+        _say(progress, reason)
+        return finish(cands[0], reason, 0, "none", {})
+    if not opts.confirm:
+        best = min(cands, key=lambda c: c.predicted_ms)
+        return finish(best, "not confirmed (--no-confirm): the predicted fastest", 0, "none", {})
+    path = _cache_path(ctx, cands, opts, load)
+    if cache and not opts.reconfirm and path.exists():
+        doc = _from_cache(path, cands)
+        if doc is not None:
+            chosen, reason, ratios = decide(cands)
+            _say(progress, f"reusing {path} ({reason}; --reconfirm measures again)")
+            return finish(chosen, reason, int(doc.get("rounds", 0)), "cached", ratios)
+    runner = _Runner(ctx, load, steps, Path("."))
+    est_round = sum(runner.predicted_run_s(c) for c in cands)
+    est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
+    while est > opts.confirm_time and len(cands) > 2:  # the lowest-ranked plan dropped first
+        dropped = cands.pop()
+        est_round -= runner.predicted_run_s(dropped)
+        est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
+    names = ", ".join(f"'{c.label}' ({c.predicted_ms:.0f} ms predicted)" for c in cands)
+    _say(progress, f"measuring {len(cands)} plans, {ctx.workload.objective} of prompt {ctx.workload.prompt} + "
+                   f"{steps} decode steps per round: {names}; up to {opts.confirm_rounds} rounds, about "
+                   f"{est:.0f} s for {MIN_ROUNDS} (bound {opts.confirm_time:.0f} s, --confirm-time)")
+    rounds, mode = _measure(ctx, cands, opts, load, progress, t0)
+    chosen, reason, ratios = decide(cands)
+    if rounds < MIN_ROUNDS:
+        reason += (f"; only {rounds} round(s) fit in the time bound of {opts.confirm_time:.0f} s (about {est:.0f} s "
+                   f"needed: raise --confirm-time)")
+    conf = finish(chosen, reason, rounds, mode, ratios)
+    _say(progress, f"{reason} ({conf.seconds:.0f} s)")
+    if cache and rounds >= MIN_ROUNDS:  # a cut measurement is not kept: the next plan measures again
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, conf.to_json())
+        except OSError as e:  # an unwritable cache costs the next plan a measurement, nothing more
+            _say(progress, f"cannot cache the confirmation in {path}: {e.strerror or e}")
+    return conf
+
+
+def _as_requested(chosen: Candidate, requested: str, conf: Confirmation) -> Plan:
+    """The kept placement as `requested`'s plan (strategy `requested`; extra["winner"]: the strategy
+    whose placement it is, extra["confirmation"]: the whole measurement)."""
+    p = chosen.plan
+    extra = dict(p.extra)
+    if requested not in chosen.labels:
+        extra = {**extra, "winner": chosen.labels[0], "winner_details": dict(p.extra)}
+    extra["confirmation"] = conf.to_json()
+    extra["confirmation"]["seconds"] = conf.seconds
+    return dataclasses.replace(p, strategy=requested, extra=extra)  # type: ignore[type-var]
+
+
+def with_default_layouts(ctx: PlanContext, plan: Plan) -> Plan | None:
+    """`plan`'s placement with llama.cpp's own host layouts (None: it already has them): a distinct
+    plan worth measuring, since host layouts are where the model's choices are closest."""
+    if not plan.placement.layouts:
+        return None
+    p = plan.placement.with_layouts({})
+    return dataclasses.replace(plan, placement=p, predicted=ctx.predict(p),  # type: ignore[type-var]
+                               extra={**plan.extra, "layouts": "default"})
+
+
+__all__ = ["CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
+           "confirm", "decide", "load_key", "shortlist", "with_default_layouts"]
