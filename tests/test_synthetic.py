@@ -25,7 +25,7 @@ from oallama.model.synthetic import PRESETS
 MakeModel = Callable[..., Path]
 
 # the big presets are tested with real per-layer shapes but few layers (CI has 2 cores)
-BIG = {"llama3-8b": 2, "qwq-32b": 1, "minicpm3-4b": 2}
+BIG = {"llama3-8b": 2, "qwq-32b": 1, "minicpm3-4b": 2, "phi3-mini": 2, "gemma3-270m": 2, "gemma3-4b": 1}
 VOCAB_TESTS = Path(__file__).resolve().parents[1] / "third_party/llama.cpp/src/models"
 
 
@@ -206,6 +206,17 @@ def test_big_preset_runs(preset: str, make_model: MakeModel) -> None:
             assert np.isfinite(logits).all()
             assert logits.std() > 0.1
             llm.eval([int(np.argmax(logits))])
+
+
+def test_gemma3_preset_is_the_real_files_tensor_for_tensor(gemma3_270m: Path, make_model: MakeModel) -> None:
+    """The registry's real Gemma 3 270M and the preset of its name: the same tensors, shapes and
+    types (what a plan sees), so that a machine without the registry (a GPU one) plans its twin."""
+    real, twin = read(gemma3_270m), read(make_model("gemma3-270m", "q4_k_m"))
+    assert [(t.name, t.shape, t.type) for t in sorted(twin.tensors, key=lambda t: t.name)] == \
+        [(t.name, t.shape, t.type) for t in sorted(real.tensors, key=lambda t: t.name)]
+    for key in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "attention.key_length", "attention.sliding_window"):
+        assert twin.hparam(key) == real.hparam(key), key
 
 
 def test_minicpm3_shapes(make_model: MakeModel) -> None:

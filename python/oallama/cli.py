@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from .errors import OallamaError
 
-# pipeline order: synth -> devices -> inspect -> profile -> plan -> run -> bench
+# pipeline order: fetch / synth -> devices -> inspect -> profile -> plan -> run -> bench
 _COMMAND_MODULES = [
+    "oallama.model.registry",
     "oallama.model.synthetic",
     "oallama.runtime.devices",
     "oallama.planner.graph",

@@ -206,6 +206,7 @@ class Preset:
     embd_std: float | None = None  # std of token_embd; None: oallama.model.synthetic.EMBD_STD
     output_norm: float = 1.0  # mean of output_norm.weight (sets the logits' scale)
     moe: MoE | None = None  # mixture of experts (its presets: oallama.model.presets_moe)
+    sliding_window: int = 0  # <arch>.attention.sliding_window of a dense model (tokens; gemma3: presets_arch)
 
     @property
     def n_embd_head_k(self) -> int:

@@ -37,19 +37,26 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 from ..errors import ModelFileError
 from ..options import add_arguments, from_args, option
 from . import presets as _presets
+from . import presets_arch as _presets_arch
 from . import presets_moe as _presets_moe
 from .presets import Preset
 
-# every preset oallama can write: the dense ones and the mixtures of experts
-PRESETS: dict[str, Preset] = {**_presets.PRESETS, **_presets_moe.MOE_PRESETS}
+# every preset oallama can write: the dense ones, the mixtures of experts, the other tensor sets
+PRESETS: dict[str, Preset] = {**_presets.PRESETS, **_presets_moe.MOE_PRESETS, **_presets_arch.ARCH_PRESETS}
 
 
 def _tensor_layout(p: Preset, n_layer: int) -> list[_presets.TensorSpec]:
-    return (_presets_moe.tensor_layout if p.moe is not None else _presets.tensor_layout)(p, n_layer)
+    if p.moe is not None:
+        return _presets_moe.tensor_layout(p, n_layer)
+    if p.arch in _presets_arch.ARCHS:
+        return _presets_arch.tensor_layout(p, n_layer)
+    return _presets.tensor_layout(p, n_layer)
 
 
 def _arch_kvs(p: Preset, n_layer: int) -> list[tuple[str, Any, Any]]:
-    return _presets.arch_kvs(p, n_layer) + (_presets_moe.arch_kvs(p) if p.moe is not None else [])
+    extra = (_presets_moe.arch_kvs(p) if p.moe is not None else
+             _presets_arch.arch_kvs(p) if p.arch in _presets_arch.ARCHS else [])
+    return _presets.arch_kvs(p, n_layer) + extra
 
 __all__ = [
     "FILE_TYPES",
