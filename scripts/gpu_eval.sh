@@ -4,10 +4,12 @@
 #   scripts/gpu_eval.sh pack                      (here, with internet) what the GPU machine lacks
 #   scripts/gpu_eval.sh build  [--max-minutes 9]  (GPU) CUDA build for Hopper (sm_90a), ninja -j16
 #   scripts/gpu_eval.sh gputest                   (GPU) pytest -m gpu + the kernel build test, once
+#   scripts/gpu_eval.sh heldout [--max-minutes 9] (GPU) the held-out protocol (bench/heldout), with
+#                                                 the plan confirmed by measurement: the GPU verdict
 #   scripts/gpu_eval.sh synth  [--max-minutes 9]  (GPU) llama3-8b, qwq-32b, minicpm3-4b Q4_K_M
 #   scripts/gpu_eval.sh run    [--max-minutes 9]  (GPU) the grid, resumable; stops cleanly in time
 #   scripts/gpu_eval.sh report                    results -> JSON/CSV/MD/PNG + the README table
-#   scripts/gpu_eval.sh all    [--max-minutes 9]  build + gputest + synth + run as far
+#   scripts/gpu_eval.sh all    [--max-minutes 9]  build + heldout + gputest + synth + run as far
 #                                                 as time allows, report
 #   scripts/gpu_eval.sh export [TARBALL]          results + profiles -> $OUT/gpu-eval-results.tgz
 #   scripts/gpu_eval.sh import TARBALL            (here) unpack an exported tarball
@@ -357,6 +359,24 @@ step_run() {
     bench op-offload "${files[@]}" "${grid[@]}" --op-offload both --prompt 64 --gen 32 || return $?
 }
 
+# --- heldout -------------------------------------------------------------------------------
+heldout_dir() { echo "$(out_dir)-heldout"; }
+
+step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc setup, --vulkan: Vulkan0
+    local setups=gpu dev=(--device CUDA0 --synthetic-only)  # no registry there: Gemma's synthetic twin
+    [ $CPU = 1 ] && { setups=rpc; dev=(); }
+    [ $VULKAN = 1 ] && { setups=vulkan; dev=(); }
+    [ "${GPU_EVAL_QUICK:-0}" = 1 ] && dev+=(--models gemma3-270m)
+    # a cell already started runs to its end (minutes at most): none starts in the last two
+    local m; m=$(python3 -c "print(round($(left_min) - 2, 2))")
+    python3 -c "import sys; sys.exit(0 if $m > 0.5 else 1)" || { say "no time left for the held-out protocol: run again"; return 3; }
+    say "held-out protocol (setups $setups, cells started for $m min) -> $(heldout_dir)"
+    local rc=0
+    $PY bench/heldout/heldout.py -o "$(heldout_dir)" --setups "$setups" "${dev[@]}" --max-minutes "$m" >&2 || rc=$?
+    [ $rc = 0 ] || [ $rc = 3 ] || die "the held-out protocol failed (rc $rc)"
+    return $rc
+}
+
 # --- report, export, import, status ---------------------------------------------------------
 step_report() {  # every results directory under bench/results (and GPU_EVAL_OUT) -> outputs + README
     local rpy=$PY dirs=(bench/results)
@@ -373,7 +393,9 @@ step_export() {
     [ -d "$dest" ] && dest=$dest/gpu-eval-results.tgz
     local keep=build/gpu-eval-outdir; [ $CPU = 1 ] && keep=build/gpu-eval-outdir-cpu
     [ $VULKAN = 1 ] && keep=build/gpu-eval-outdir-vulkan
-    tar czf "$dest" $( [ -d "$out" ] && echo "$out" ) $( [ -d build/oallama-cache ] && echo build/oallama-cache ) \
+    # (the held-out models the cache holds are written again from their presets)
+    tar czf "$dest" --exclude build/oallama-cache/models $( [ -d "$out" ] && echo "$out" ) \
+        $( [ -d "$out-heldout" ] && echo "$out-heldout" ) $( [ -d build/oallama-cache ] && echo build/oallama-cache ) \
         $( [ -f "$keep" ] && echo "$keep" )
     say "exported $out and the profiles to $dest ($(du -h "$dest" | cut -f1))"
 }
@@ -403,11 +425,13 @@ case "$STEP" in
     synth) rc=0; step_synth || rc=$?; finish $rc ;;
     gputest) rc=0; step_build || rc=$?; [ $rc = 0 ] && { rm -f build/gpu-tests.done; step_gputest || rc=$?; }; finish $rc ;;
     run) rc=0; step_run || rc=$?; finish $rc ;;
+    heldout) rc=0; step_build || rc=$?; [ $rc = 0 ] && { step_heldout || rc=$?; }; finish $rc ;;
     report) step_report ;;
     all)
         rc=0
         # (the models are written after the build: importing oallama needs its native libraries)
         step_build || rc=$?
+        [ $rc = 0 ] && { step_heldout || rc=$?; }  # the verdict first: the protocol, confirmed plans
         [ $rc = 0 ] && { step_gputest || rc=$?; }
         [ $rc = 0 ] && { step_synth || rc=$?; }
         [ $rc = 0 ] && { step_run || rc=$?; }
@@ -417,5 +441,5 @@ case "$STEP" in
     export) step_export ;;
     import) step_import ;;
     status) step_status ;;
-    *) die "unknown step '$STEP' (pack, build, gputest, synth, run, report, all, export, import, status)" ;;
+    *) die "unknown step '$STEP' (pack, build, gputest, heldout, synth, run, report, all, export, import, status)" ;;
 esac
