@@ -192,6 +192,7 @@ def measure(spec_path: Path) -> None:
     from oallama.planner import confirm as confirmmod
     from oallama.planner import hostspeed
     from oallama.planner.plan import read_plan
+    from oallama.runtime import devices as devmod
     from oallama.runtime import rpc
     from oallama.runtime.generate import prompt_tokens, timed_generate
     from oallama.runtime.llama import Llama
@@ -208,6 +209,8 @@ def measure(spec_path: Path) -> None:
                                         "host_only": _host_only(doc), "on_acc_bytes": int(doc["memory"].get("total", 0))})
         entry["labels"].append(label)
     wl = spec["workload"]
+    if spec["accelerator"]:
+        devmod.resolve(spec["accelerator"])  # an rpc-server's device: registered in this process
     with rpc.pinned(st.get("client_cpus")), ExitStack() as stack:
         speed_before = hostspeed.measure_devices(spec["threads"], spec["accelerator"])
         load_start = os.getloadavg()[0]
@@ -392,7 +395,8 @@ def main() -> int:
                            *(["--device", a.device] if a.device else []),
                            *(["--synthetic-only"] if a.synthetic_only else []),
                            *(["--deadline", str(deadline)] if deadline else [])]
-                    subprocess.run(cmd, env=env, check=True)
+                    if subprocess.run(cmd, env=env).returncode != 0:  # its cells are missing: reported below
+                        log(f"{setup} / {model} / {PROTOCOL['workloads'][k]}: FAILED (see above)")
         complete = complete and all((out / "cells" / f"{cell_name(setup, m, PROTOCOL['workloads'][k], b)}.json").exists()
                                     for setup in a.setups.split(",") for m in a.models.split(",")
                                     for k in PROTOCOL["setups"][setup].get("workloads", range(len(PROTOCOL["workloads"])))
