@@ -158,16 +158,21 @@ def test_decision_rule(challenger: list[float], kept: str) -> None:
     assert ratios["optimal"]["paired_rounds"] == len(challenger)
 
 
-@pytest.mark.parametrize(("challenger", "kept"), [
-    ([40.0, 41.0, 42.0], "optimal"),  # under half the baseline's predicted 100 ms
-    ([60.0, 60.0, 60.0], "layers"),  # faster than predicted for it, but not by CENSORED
-    ([40.0, 41.0], "layers"),  # fewer than MIN_ROUNDS rounds
-], ids=["far-faster", "not-far-enough", "two-rounds"])
-def test_a_baseline_too_slow_to_run_is_compared_by_its_prediction(challenger: list[float], kept: str) -> None:
-    """llama.cpp's placement predicted too slow to run within the time bound (lavapipe's streamed
-    prompts: 53 s against 1.8): a plan measured at under 1/CENSORED of that prediction replaces it."""
+@pytest.mark.parametrize(("challenger", "first_run", "kept"), [
+    ([40.0, 41.0, 42.0], None, "optimal"),  # under half the baseline's predicted 100 ms
+    ([60.0, 60.0, 60.0], None, "layers"),  # faster than predicted for it, but not by CENSORED
+    ([40.0, 41.0], None, "layers"),  # fewer than MIN_ROUNDS rounds
+    ([60.0, 60.0, 60.0], 130.0, "optimal"),  # under half its one run (which stands for the prediction)
+    ([40.0, 41.0, 42.0], 70.0, "layers"),  # its one run: not 2x slower, whatever the prediction
+], ids=["far-faster", "not-far-enough", "two-rounds", "first-run", "first-run-close"])
+def test_a_baseline_too_slow_to_run_is_compared_by_its_first_run_or_prediction(
+        challenger: list[float], first_run: float | None, kept: str) -> None:
+    """llama.cpp's placement too slow to run (again) within the time bound (lavapipe's streamed
+    prompts: 53 s against 1.8): a plan measured at under 1/CENSORED of its one run, or of its
+    prediction where it never ran, replaces it."""
     base = _cand(["layers"], True, [None] * len(challenger))
     base.too_slow = True
+    base.warmup = None if first_run is None else {"objective_ms": first_run}
     chosen, why, _ = C.decide([base, _cand(["optimal"], False, challenger)])
     assert chosen.labels == [kept], why
 

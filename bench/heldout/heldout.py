@@ -325,7 +325,8 @@ def report(out: Path) -> str:
             verdict, worse = "slower than llama.cpp's", worse + 1
         elif rb < 0.97 and 1 - rb > sb and r > rb + sb:
             verdict, ahead_missed = f"missed {'/'.join(best['labels'])}", ahead_missed + 1
-        lines.append(f"| {c['cell']} | {c['confirmed_from']} | {c['confirm_seconds']:.0f} | {r:.3f} ±{s:.3f} | "
+        kept = " = ".join(c["confirmation"]["chosen"])
+        lines.append(f"| {c['cell']} | {kept} | {c['confirm_seconds']:.0f} | {r:.3f} ±{s:.3f} | "
                      f"{ru:.3f} ±{su:.3f} | {'/'.join(best['labels'])} {rb:.3f} | {verdict} |")
     lines += ["", f"Confirmed plan slower than llama.cpp's beyond the spread in {worse} cell(s); a shortlisted plan "
               f"measured > 3% faster and not kept in {ahead_missed}.", "", "## Confirmation time", "",
