@@ -477,8 +477,7 @@ def measure_compute(client: RpcClient, opts: ProbeOptions, link: dict[str, Any],
             computes[str(n)] = reps
             per = [max(timed(y, reps) - rtt, 1e-9) / reps for _ in range(opts.compute_repeats)]
             # the median: the project's VM ran the same matmul 1.35x slower for seconds at a time,
-            # and the runs being planned for meet those moments too (the fastest sample made every
-            # prediction optimistic)
+            # and the runs being planned for meet those moments too (the fastest sample is biased low)
             med = statistics.median(per)
             flops[str(n)] = 2.0 * k * m * n / med
             samples[str(n)] = per

@@ -16,8 +16,8 @@ prompt of n_prompt tokens, then 1-token decodes after it):
 
 The CPU passes are timed in ROUNDS rounds seconds apart and each pass kept from the round of its
 median wall time, as the single-machine calibration keeps them (`planner.rounds`): the project's VM
-runs 1.4x slower for seconds at a time, and the fastest round made every prediction optimistic (the
-generation runs through the slow phases too). Running the
+runs 1.4x slower for seconds at a time, and the fastest round is biased low (the generation runs
+through the slow phases too). Running the
 blocks on an rpc-server costs more than their time, the link's latency and the activations'
 transfers (the graph sent, the inputs set: +45 us a block in decode for the `mid` model on this
 VM's loopback): a child process times runs of passes with every block on a loopback rpc-server

@@ -67,9 +67,9 @@ MAX_CANDIDATES = 4  # distinct placements measured, at most
 MIN_ROUNDS = 3  # rounds before a plan may depart from llama.cpp's placement (fewer: no spread to judge by)
 TIE = 0.02  # a plan departs only when measured faster than this too (a share of the baseline's time)
 # a baseline too slow to run (again) within the time bound loses to a plan measured at under its first
-# run's time / this, or its predicted time / this where it never ran (predictions have erred by 2-35%,
-# never by 2x; a first run allocates, seconds at most): lavapipe's streamed prompts, a 53-s `layers`
-# pass against a 1.8-s `optimal` one, would otherwise keep the slow one unmeasured
+# run's time / this, or its predicted time / this where it never ran (the held-out evaluation's worst
+# prediction erred by 24%; a first run's allocation adds seconds at most): lavapipe's streamed prompts,
+# a 53-s `layers` pass against a 1.8-s `optimal` one, would otherwise keep the slow one unmeasured
 CENSORED = 2.0
 PREDICTION_SLACK = 1.3  # a pass's time before it was measured: its prediction times this (they ran up to 21% slow)
 LOAD_S = 0.5  # a load's fixed time before one was measured (s) ...

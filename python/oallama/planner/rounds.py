@@ -2,8 +2,8 @@
 
 This VM (and any shared machine) runs the same pass in two speed states 1.5x apart for seconds to
 minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
-the round of its median time (`merge_rounds`): the fastest round biased every prediction fast (24
-held-out predictions, every one optimistic by 2-21%); a decode pass that still measured slower than the
+the round of its median time (`merge_rounds`): the fastest of several rounds is biased low, and the
+runs being planned for meet the slow phases too; a decode pass that still measured slower than the
 same pass over a longer KV cache is bounded by it before the fit (`context_bounded`). A pass's time
 outside its graph, with and without the accelerator attached, is the median over the rounds, the
 statistic the bench reports of its own rounds: the fastest splits' round's let one slow measurement
