@@ -41,10 +41,13 @@
 #              exporting to $OUT/gpu-eval-results.tgz (results with raw/, profiles), which the
 #              tool copies back. If the machine was given back in between, first unpack the
 #              last tarball here (step 3) and carry its state too: carry=["build/gpu-carry",
-#              "bench/results/<dir>/raw", "build/oallama-cache", "build/gpu-eval-outdir"] (the
-#              rest of bench/results/<dir> travels as untracked files); the rebuild (268-293 s on
+#              "build/gpu-results", "build/oallama-cache", "build/gpu-eval-outdir"] (results are
+#              kept under build/ there: each call copies the working tree over untracked files,
+#              which erased results kept in bench/ between two calls); the rebuild (268-339 s on
 #              an H100 machine's 16 cores) then happens again.
 #              The machine goes back 30 s after a call ends: issue the next call at once.
+#              Each call carries the working tree (64 MiB at most): while bench/results is larger,
+#              move it out of the checkout for the calls and back afterwards.
 #              First run (2026-11-22, bench/results/2026-11-22-h100): build + GPU tests + 17
 #              configurations of stage 1 in three calls and 26 minutes of device time. Second
 #              (bench/results/2026-11-22-h100-calibrated, GPU_EVAL_TESTS=0, GPU_EVAL_REPS=3,
@@ -132,7 +135,11 @@ out_dir() {
     [ $VULKAN = 1 ] && keep=build/gpu-eval-outdir-vulkan
     if [ ! -s "$keep" ]; then
         mkdir -p build
-        echo "bench/results/$(date +%Y-%m-%d)-$(gpu_slug)" > "$keep"
+        # on the GPU machine the results live under build/ (ignored): each call copies the working
+        # tree over the untracked files there, which would erase a results directory in bench/
+        # between calls; `import` moves them to bench/results here
+        local parent=bench/results; [ $CPU = 0 ] && parent=build/gpu-results
+        echo "$parent/$(date +%Y-%m-%d)-$(gpu_slug)" > "$keep"
     fi
     cat "$keep"
 }
@@ -382,6 +389,7 @@ step_report() {  # every results directory under bench/results (and GPU_EVAL_OUT
     local rpy=$PY dirs=(bench/results)
     [ -x .venv/bin/python ] && [ $CPU = 0 ] && ! $PY -c "import oallama._core" 2>/dev/null && rpy=.venv/bin/python
     [ -n "${GPU_EVAL_OUT:-}" ] && [ -d "$GPU_EVAL_OUT" ] && dirs+=("$GPU_EVAL_OUT")
+    [ -d build/gpu-results ] && dirs+=(build/gpu-results)
     mkdir -p bench/results
     $rpy -m oallama bench-report "${dirs[@]}" --readme "$README" >&2
 }
@@ -403,6 +411,12 @@ step_export() {
 step_import() {
     [ -f "$ARG" ] || die "import: no tarball '$ARG'"
     tar xzf "$ARG" -C "$root"
+    local d
+    for d in build/gpu-results/*; do  # the GPU machine's results -> bench/results (build/ keeps them to carry)
+        [ -d "$d" ] || continue
+        mkdir -p bench/results && cp -r "$d" bench/results/ || die "copying $d failed"
+        say "results: bench/results/$(basename "$d")"
+    done
     say "imported $ARG: $(tar tzf "$ARG" | head -1)"
 }
 
