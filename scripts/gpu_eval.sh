@@ -4,7 +4,8 @@
 #   scripts/gpu_eval.sh pack                      (here, with internet) what the GPU machine lacks
 #   scripts/gpu_eval.sh build  [--max-minutes 9]  (GPU) CUDA build for Hopper (sm_90a), ninja -j16
 #   scripts/gpu_eval.sh gputest                   (GPU) pytest -m gpu + the kernel build test, once
-#   scripts/gpu_eval.sh heldout [--max-minutes 9] (GPU) the held-out protocol (bench/heldout), with
+#   scripts/gpu_eval.sh heldout [--max-minutes 9] (GPU) the held-out protocol (bench/heldout), costed
+#                                                 from the device model (the GPU characterised first),
 #                                                 the plan confirmed by measurement: the GPU verdict
 #   scripts/gpu_eval.sh synth  [--max-minutes 9]  (GPU) llama3-8b, qwq-32b, minicpm3-4b Q4_K_M
 #   scripts/gpu_eval.sh run    [--max-minutes 9]  (GPU) the grid, resumable; stops cleanly in time
@@ -379,7 +380,10 @@ step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc s
     python3 -c "import sys; sys.exit(0 if $m > 0.5 else 1)" || { say "no time left for the held-out protocol: run again"; return 3; }
     say "held-out protocol (setups $setups, cells started for $m min) -> $(heldout_dir)"
     local rc=0
-    $PY bench/heldout/heldout.py -o "$(heldout_dir)" --setups "$setups" "${dev[@]}" --max-minutes "$m" >&2 || rc=$?
+    # costed from the device model (planner/devicemodel.py: the GPU characterised once, on the reference
+    # model, before the first cell); GPU_EVAL_CALIBRATION=model: each model's own calibration, as protocol v1 ran
+    $PY bench/heldout/heldout.py -o "$(heldout_dir)" --setups "$setups" "${dev[@]}" --max-minutes "$m" \
+        --calibration "${GPU_EVAL_CALIBRATION:-device}" >&2 || rc=$?
     [ $rc = 0 ] || [ $rc = 3 ] || die "the held-out protocol failed (rc $rc)"
     return $rc
 }

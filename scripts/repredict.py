@@ -25,7 +25,6 @@ import numpy as np
 from oallama.planner import plan as planmod
 from oallama.planner.calfit import fit
 from oallama.planner.profile import Profile
-from oallama.planner.schedmodel import NEVER, Placement
 from oallama.runtime import rpc
 
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -49,12 +48,6 @@ def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
     wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])
     return planmod.build_context(c["model"], device, wl, profile=prof, threads=c["settings"]["threads"],
                                  op_offload=bool(c.get("op_offload", True)), progress=False)
-
-
-def _placement(plan: dict[str, Any]) -> Placement:
-    on = frozenset(w for w, dev in plan["placement"].items() if dev == plan["accelerator"])
-    mb = {w: (NEVER if b is None else int(b)) for w, b in (plan.get("offload_min_batch") or {}).items()}
-    return Placement(on, plan["kv_layers"], mb, plan.get("layouts") or {}, plan.get("dual_max_batch") or 0)
 
 
 @dataclass
@@ -96,7 +89,7 @@ def main() -> int:
             key = (c["model"], c["prompt"], c["gen"], spec["profile_key"], c.get("op_offload", True))
             if key not in ctxs:
                 ctxs[key] = _context(spec, d, srv.device_name)
-            pred = ctxs[key].predict(_placement(json.loads(Path(spec["plan_file"]).read_text())))
+            pred = ctxs[key].predict(planmod.placement_of(json.loads(Path(spec["plan_file"]).read_text())))
             meas = {k: statistics.median(v) for k, v in res["samples"].items()}
             rows.append((Path(c["model"]).stem, c["strategy"], c["budget"], meas, spec["plan"]["predicted"], pred))
     print(f"# {d}: {len(rows)} configurations re-predicted\n")

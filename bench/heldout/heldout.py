@@ -109,7 +109,7 @@ def model_path(name: str, models_dir: Path, synthetic_only: bool = False) -> tup
 
 
 def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str | None, synthetic_only: bool,
-              deadline: float | None) -> None:
+              deadline: float | None, calibration: str = "model", repredict: Path | None = None) -> None:
     """Every budget's cell of one (setup, model, workload): plans, the confirmation, then the measuring
     process. Runs in a process of its own (the orchestrator's child); starts no cell after `deadline`
     (time.time())."""
@@ -123,6 +123,8 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
     path, source = model_path(model, cache_base() / "models", synthetic_only)  # never beside the results
     threads = st["threads"] or max((os.cpu_count() or 2) // 2, 1)
     todo = [b for b in st["budgets"] if not (out / "cells" / f"{cell_name(setup, model, wl, b)}.json").exists()]
+    if repredict is not None:  # only the cells measured there
+        todo = [b for b in todo if (repredict / "cells" / f"{cell_name(setup, model, wl, b)}.json").exists()]
     if not todo:
         return
     server = rpc.start_server(threads=st["server_threads"], cpus=st["server_cpus"]) if setup == "rpc" else None
@@ -130,8 +132,15 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
         with rpc.pinned(st.get("client_cpus")):
             acc = server.device_name if server else (device or ("Vulkan0" if setup == "vulkan" else None))
             workload = planmod.Workload(wl["prompt"], wl["gen"], "e2e", PROTOCOL["n_ubatch"], PROTOCOL["n_ctx"])
-            ctx = planmod.build_context(path, acc, workload, threads=threads, progress=True)
+            t0 = time.perf_counter()
+            ctx = planmod.build_context(path, acc, workload, threads=threads, progress=True, calibration=calibration)
+            context_s = time.perf_counter() - t0
             profile_id = bench_profiles.save(out, ctx.profile)
+            if repredict is not None:
+                for budget in todo:
+                    _repredicted(out, repredict, cell_name(setup, model, wl, budget), ctx, profile_id, context_s,
+                                 calibration)
+                return
             load = {"n_ctx": PROTOCOL["n_ctx"], "n_batch": PROTOCOL["n_ubatch"], "n_ubatch": PROTOCOL["n_ubatch"],
                     "n_threads": threads, "n_threads_batch": threads}
             for budget in todo:
@@ -169,6 +178,25 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
     finally:
         if server is not None:
             server.stop()
+
+
+def _repredicted(out: Path, src: Path, name: str, ctx: Any, profile_id: str, context_s: float,
+                 calibration: str) -> None:
+    """A cell measured in `src`, its placements predicted again by `ctx` (no model runs): the
+    measurements, the plans and the confirmation stay the source's."""
+    from oallama.planner.plan import placement_of, read_plan
+
+    doc = json.loads((src / "cells" / f"{name}.json").read_text())
+    for p in doc["placements"]:
+        plan = read_plan(p["file"])
+        pred = ctx.predict(placement_of(plan))
+        p["predicted_before"] = p["predicted"]
+        p["predicted"] = {m: float(pred[m]) for m in METRICS}
+    doc.update({"repredicted_from": str(src), "repredict_commit": git_commit(), "calibration": calibration,
+                "profile": profile_id, "context_seconds": context_s})
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    (out / "cells" / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    log(f"{name}: predicted again ({calibration} calibration)")
 
 
 def _measure_in_child(spec: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -365,6 +393,11 @@ def main() -> int:
     ap.add_argument("--protocol", action="store_true", help="print the protocol as JSON")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--group", nargs=3, metavar=("SETUP", "MODEL", "WORKLOAD"), help=argparse.SUPPRESS)
+    ap.add_argument("--calibration", choices=("model", "device", "auto"), default="model",
+                    help="how the plans are costed (planner.context.build_context): the model's own calibration "
+                    "(protocol v1), or the device model (planner/devicemodel.py)")
+    ap.add_argument("--repredict", type=Path, metavar="DIR", help="no measuring: the cells measured in DIR predicted "
+                    "again with --calibration (their measurements, plans and confirmations kept)")
     a = ap.parse_args()
     if a.protocol:
         print(json.dumps(PROTOCOL, indent=1))
@@ -377,7 +410,8 @@ def main() -> int:
     out = a.output.resolve()
     if a.group:
         setup, model, k = a.group
-        run_group(out, setup, model, PROTOCOL["workloads"][int(k)], a.device, a.synthetic_only, a.deadline)
+        run_group(out, setup, model, PROTOCOL["workloads"][int(k)], a.device, a.synthetic_only, a.deadline,
+                  a.calibration, a.repredict.resolve() if a.repredict else None)
         return 0
     complete = True
     if not a.report:
@@ -395,6 +429,7 @@ def main() -> int:
                     cmd = [sys.executable, __file__, "-o", str(out), "--group", setup, model, str(k),
                            *(["--device", a.device] if a.device else []),
                            *(["--synthetic-only"] if a.synthetic_only else []),
+                           "--calibration", a.calibration, *(["--repredict", str(a.repredict)] if a.repredict else []),
                            *(["--deadline", str(deadline)] if deadline else [])]
                     if subprocess.run(cmd, env=env).returncode != 0:  # its cells are missing: reported below
                         log(f"{setup} / {model} / {PROTOCOL['workloads'][k]}: FAILED (see above)")

@@ -72,6 +72,11 @@ class GGUFInfo:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
     @property
+    def shape_only(self) -> bool:
+        """Written by `oallama synth --shape-only`: real shapes, zero weights (never to be run)."""
+        return bool(self.metadata.get("oallama.synthetic.shape_only", False))
+
+    @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 

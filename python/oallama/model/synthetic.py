@@ -447,6 +447,8 @@ def write_model(path: str | os.PathLike[str], preset: str = "tiny", qtype: str =
     w.add_string("oallama.synthetic.type", qtype.lower())
     w.add_uint64("oallama.synthetic.seed", seed)
     w.add_uint32("oallama.synthetic.generator_version", GENERATOR_VERSION)
+    if shape_only:  # the planner never runs such a file (gguf_file.GGUFInfo.shape_only)
+        w.add_bool("oallama.synthetic.shape_only", True)
     for t in plan:
         # add_tensor_info takes numpy order (outermost first) and element counts
         w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes,

@@ -131,6 +131,9 @@ class Calibration:
     # the host's passes with its repackable weights repacked and in plain memory (`realpass.measure_layouts`;
     # None: nothing repacked, or a profile of method <= 21)
     layouts: dict[str, Any] | None = None
+    # accelerator -> terms carried already derived, by a device model (devicemodel.py): split_us (a change
+    # of device, us), stream_latency_us and stream_bytes_per_us (streamed weights' link)
+    links: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         if n_tokens == 1 and self.decode_us is not None:
@@ -159,7 +162,8 @@ class Calibration:
                            Routing.from_json(doc["routing"]) if doc.get("routing") else None,
                            {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
                            list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []),
-                           list(doc.get("rounds_alone") or []), doc.get("layouts"))
+                           list(doc.get("rounds_alone") or []), doc.get("layouts"),
+                           {d: dict(v) for d, v in (doc.get("links") or {}).items()})
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
@@ -168,7 +172,8 @@ class Calibration:
                            {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
                            {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
                            self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached],
-                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone], self.layouts)
+                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone], self.layouts,
+                           {ren.get(k, k): v for k, v in self.links.items()})
 
 
 class _Op:

@@ -22,11 +22,11 @@ from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
-from . import opsizes
+from . import devicemodel, opsizes
 from .calfit import Calibration
 from .graph import Graph, GraphSession, target_ops
 from .mmshares import interpolated
-from .profile import DEFAULT_TOKENS, PLAIN, Link, Profile, profile_model
+from .profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings, profile_model
 from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
@@ -179,10 +179,20 @@ def log(msg: str) -> None:
     print(f"plan: {msg}", file=sys.stderr, flush=True)
 
 
+CALIBRATIONS = ("auto", "model", "device")
+
+
 def build_context(path: str | Path, acc: str | None, workload: Workload, *, profile: Profile | None = None,
-                  threads: int | None = None, op_offload: bool = True, progress: bool = True) -> PlanContext:
+                  threads: int | None = None, op_offload: bool = True, progress: bool = True,
+                  calibration: str = "auto") -> PlanContext:
     """Graphs of every pass (all weights on the host, and fully offloaded), and the profile.
-    acc None: the CPU alone (plans choose host weight layouts only)."""
+    acc None: the CPU alone (plans choose host weight layouts only). calibration (when `profile`
+    is None): "model" times this model's real graph (calibrate.py); "device" costs it from the
+    devices' model (devicemodel.py), characterising them first if they have none; "auto" is
+    "device" for a shape-only file (it cannot be run), else "model" (the device model carries to
+    other models less well so far: bench/results/2026-11-25-vm-heldout-devicemodel)."""
+    if calibration not in CALIBRATIONS:
+        raise PlanError(f"calibration '{calibration}': choose one of {', '.join(CALIBRATIONS)}")
     model = gguf_file.check_model(path)
     dev = devmod.resolve(acc) if acc is not None else None
     if dev is not None and dev.is_host:
@@ -213,8 +223,8 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     if profile is None:
         if progress:
             log("profiling (cached after the first time)")
-        profile = profile_model(path, [HOST, acc_name] if acc_name else [HOST], threads=threads,
-                                n_tokens=DEFAULT_TOKENS, n_ctx=workload.n_ctx, op_offload=op_offload, progress=progress)
+        profile = _profile(path, model, acc_name, workload, threads=threads, op_offload=op_offload,
+                           progress=progress, calibration=calibration)
     _check_profile(profile, acc_name, graphs)
     if acc_name:  # the accelerator's kernels run columns in tiles: its matmuls timed at these pass sizes too
         timed = opsizes.time_missing(profile, [*graphs.values(), *(g for g in full.values() if g is not None)],
@@ -229,14 +239,16 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
                 "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
     cal = profile.calibration if acc_name else None
     # first the splits' cost (the streamed pass's many splits pay it too), then the streamed link
-    split_us = split_cost(passes[1], cal.scatter.get(acc_name) if cal is not None else None)
+    carried = cal.links.get(acc_name, {}) if cal is not None else {}  # a device model's, already derived
+    split_us = carried.get("split_us") or split_cost(passes[1], cal.scatter.get(acc_name) if cal is not None else None)
     if split_us is not None:
         for pm in passes.values():
             pm.set_split_cost(split_us)
         if progress:
             log(f"splits in a real pass (calibrated): {split_us:.0f} us each beyond the profiled hand-over "
                 f"({passes[1].issue[0]:.0f} / {passes[1].issue[1]:.0f} us)")
-    stream = stream_link(passes[1], cal.stream.get(acc_name) if cal is not None else None)
+    stream = (Link(carried["stream_latency_us"], carried["stream_bytes_per_us"]) if "stream_bytes_per_us" in carried
+              else stream_link(passes[1], cal.stream.get(acc_name) if cal is not None else None))
     if stream is not None:
         for pm in passes.values():
             pm.set_stream(stream)
@@ -258,6 +270,42 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     wbytes = {t.name: t.nbytes for t in model.tensors} | weight_bytes(g_mem)
     return PlanContext(model, acc_name, workload, profile, passes, wbytes, kv_bytes_per_layer(g_mem),
                        n_layer, settings, stream, split_us, frozenset(kept))
+
+
+def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workload: Workload, *,
+             threads: int | None, op_offload: bool, progress: bool, calibration: str) -> Profile:
+    """The one-op profile of `path`, with its calibration from where `calibration` says
+    (`build_context`). A shape-only file is never run: only the device model can cost it."""
+    devices = [HOST, acc] if acc else [HOST]
+    kw: dict[str, Any] = {"threads": threads, "n_tokens": DEFAULT_TOKENS, "n_ctx": workload.n_ctx,
+                          "op_offload": op_offload, "progress": progress}
+    settings = default_settings(threads, op_offload=op_offload)
+    if model.shape_only and calibration == "model":
+        raise PlanError(f"{path}: a shape-only file (zero weights) cannot be calibrated by running it; "
+                        "plan it from the device model (calibration 'device' or 'auto')")
+    use_dm = calibration == "device" or model.shape_only
+    dm = devicemodel.lookup(devices, settings) if use_dm else None
+    if dm is None and use_dm:
+        if progress:
+            log(f"characterising {', '.join(devices)} once on a reference model"
+                + (f" ({path} is shape-only: it is never run)" if model.shape_only else ""))
+        dm = devicemodel.characterise(devices, settings, lambda ref: build_context(
+            ref, acc, Workload(prompt=64, gen=8, n_ubatch=64), threads=threads, op_offload=op_offload,
+            progress=progress, calibration="model"), progress=progress)
+    if dm is None:
+        return profile_model(path, devices, **kw)
+    prof = profile_model(path, devices, calibrated=False, **kw)
+    prof.calibration = dm.calibration(list(prof.devices), devicemodel.n_vocab(model))
+    n_expert = int(model.hparam("expert_count", 0) or 0)
+    if n_expert and not model.shape_only:  # which experts a pass touches: the model's own (one host pass)
+        from .routing import measure as measure_routing
+
+        prof.calibration.routing = measure_routing(path, n_expert, n_tokens=min(workload.n_ctx, 512),
+                                                   threads=prof.settings.threads, mmap=True, progress=progress)
+    if progress:
+        log(f"costed from the device model {dm.key[:12]} (characterised on {Path(dm.reference['model']).name}): "
+            "this model's graph is not run")
+    return prof
 
 
 def loader_kept(session: GraphSession, acc: str, n_layer: int) -> set[str]:

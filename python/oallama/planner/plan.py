@@ -38,7 +38,7 @@ from . import confirm as confirmmod
 from . import layouts as layoutmod
 from . import strategies
 from .confirm import Confirmation
-from .context import OBJECTIVES, PlanContext, Workload, build_context, parse_budget
+from .context import CALIBRATIONS, OBJECTIVES, PlanContext, Workload, build_context, log, parse_budget
 from .profile import DUAL, PLAIN, REPACK, Profile, build_info
 from .schedmodel import HOST, NEVER, Placement
 from .strategies import (
@@ -323,7 +323,9 @@ def confirmed(ctx: PlanContext, budget: str | int | None, opts: ConfirmOptions, 
     plans = dict(plans or {})
     plans.update(make_plans(ctx, budget, [s for s in want if s not in plans], optional=("fit", "n-cpu-moe"),
                             time_limit=time_limit, host_budget=host_budget, progress=progress))
-    if not opts.confirm:
+    if not opts.confirm or ctx.model.shape_only:  # a shape-only file (zero weights) is never run
+        if opts.confirm and progress:
+            log(f"{ctx.model.path} is shape-only: the plan is not confirmed by measurement")
         return plans["optimal"], plans, None
     shortlisted = {s: p for s, p in plans.items() if s in want}
     variant = confirmmod.with_default_layouts(ctx, plans["optimal"])
@@ -331,6 +333,13 @@ def confirmed(ctx: PlanContext, budget: str | int | None, opts: ConfirmOptions, 
         shortlisted[DEFAULT_LAYOUTS_LABEL] = variant
     conf = confirmmod.confirm(ctx, shortlisted, opts, load=load, progress=progress)
     return conf.plan, plans, conf
+
+
+def placement_of(doc: Mapping[str, Any]) -> Placement:
+    """The placement a plan file's JSON records (`Plan.to_json`), to be costed again."""
+    on = frozenset(w for w, dev in doc["placement"].items() if dev == doc["accelerator"])
+    mb = {w: (NEVER if b is None else int(b)) for w, b in (doc.get("offload_min_batch") or {}).items()}
+    return Placement(on, doc["kv_layers"], mb, doc.get("layouts") or {}, doc.get("dual_max_batch") or 0)
 
 
 def read_plan(path: str | Path, model: gguf_file.GGUFInfo | None = None) -> dict[str, Any]:
@@ -382,6 +391,9 @@ class PlanOptions:
     workload: Workload = group(Workload)
     threads: int | None = option(None, minimum=1, help="CPU threads", default_help="the profiler's")
     profile: Path | None = option(None, help="use this profile JSON instead of measuring (or the cache)")
+    calibration: str = option("auto", choices=CALIBRATIONS, help="what a profile measured here is calibrated with: "
+                              "the model's own real graph (model), or the devices' model, characterised once on a "
+                              "reference model (device); auto: device for a shape-only file (never run), else model")
     time_limit: float = option(TIME_LIMIT_S, help="seconds the exact solver may search per mode (the best plan "
                                "found is kept)")
     confirm: ConfirmOptions = group(ConfirmOptions)  # --strategy optimal: the choice confirmed by measurement
@@ -455,7 +467,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             acc = found.name
         wl = o.workload
         prof = Profile.load(o.profile) if o.profile else None
-        ctx = build_context(o.model, acc, wl, profile=prof, threads=o.threads, progress=o.progress)
+        ctx = build_context(o.model, acc, wl, profile=prof, threads=o.threads, progress=o.progress,
+                            calibration=o.calibration)
         order = ("layers", "optimal") if cpu_only else STRATEGIES
         if o.strategy not in order:  # a baseline: compared only when asked for
             order = (*order, o.strategy)

@@ -530,6 +530,13 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     return prof
 
 
+def default_settings(threads: int | None, *, op_offload: bool = True, mmap: bool = True, repack: bool = True,
+                     calibrated: bool = True, server_threads: int = 0) -> Settings:
+    """A measurement's settings; threads default to llama-cpp-python's for generation (half the cores)."""
+    return Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
+                    server_threads)
+
+
 def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | None = None,
                   n_tokens: Sequence[int] = DEFAULT_TOKENS, n_ctx: int = 4096, op_offload: bool = True,
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
@@ -539,8 +546,8 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     with the same key. `threads` defaults to llama-cpp-python's default for generation.
     calibrated: also time the real graph (calibrate.py); server_threads: threads of the
     rpc-server among `devices`, when known (part of the key: the times depend on it)."""
-    settings = Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
-                        server_threads)
+    settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
+                                server_threads=server_threads)
     if inv is None:
         inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx)
     devs = [devmod.resolve(d) for d in devices]

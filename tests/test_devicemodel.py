@@ -1,0 +1,99 @@
+"""The device model (planner/devicemodel.py): the devices characterised once on a reference model,
+every other model costed from it without running its graph, a shape-only file never run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oallama.errors import PlanError
+from oallama.model import gguf_file, synthetic
+from oallama.planner import devicemodel
+from oallama.planner import plan as planmod
+from oallama.planner import profile as profilemod
+from oallama.runtime import llama as llamamod
+from oallama.runtime.planfile import ConfirmOptions
+
+WORKLOAD = planmod.Workload(prompt=40, gen=8, objective="e2e", n_ubatch=64)
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_q8: Path) -> dict[str, list[str]]:
+    """A cache of its own, the tiny model as the reference, and a record of every model file whose
+    real graph is calibrated and of every model file loaded to run."""
+    monkeypatch.setenv("OALLAMA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OALLAMA_REFERENCE_MODEL", str(tiny_q8))
+    seen: dict[str, list[str]] = {"calibrated": [], "loaded": []}
+    calibrate, init = profilemod.calibrate, llamamod.Llama.__init__
+
+    def spy_calibrate(path: Any, *a: Any, **kw: Any) -> Any:
+        seen["calibrated"].append(str(path))
+        return calibrate(path, *a, **kw)
+
+    def spy_init(self: Any, model_path: str, *a: Any, **kw: Any) -> None:
+        seen["loaded"].append(str(model_path))
+        init(self, model_path, *a, **kw)
+
+    monkeypatch.setattr(profilemod, "calibrate", spy_calibrate)
+    monkeypatch.setattr(llamamod.Llama, "__init__", spy_init)
+    return seen
+
+
+def test_shape_only_files_are_marked(tmp_path: Path, tiny_q8: Path) -> None:
+    path = synthetic.write_model(tmp_path / "s.gguf", "tiny", "q8_0", shape_only=True, progress=False)
+    assert gguf_file.check_model(path).shape_only
+    assert not gguf_file.check_model(tiny_q8).shape_only
+
+
+def test_a_shape_only_file_is_never_run_and_a_second_model_reuses_the_device_model(
+        runs: dict[str, list[str]], tmp_path: Path, tiny_q8: Path, synth_model: Any) -> None:
+    shape = synthetic.write_model(tmp_path / "mid-shape.gguf", "mid", "q4_k_m", n_layer=2, shape_only=True,
+                                  progress=False)
+    with pytest.raises(PlanError, match="shape-only"):  # its own calibration would run it
+        planmod.build_context(shape, None, WORKLOAD, threads=1, progress=False, calibration="model")
+    ctx = planmod.build_context(shape, None, WORKLOAD, threads=1, progress=False)
+    # the devices were characterised on the reference (its real graph run), the shape-only file never
+    assert runs["calibrated"] == [str(tiny_q8)]
+    assert str(shape) not in runs["loaded"]
+    dm = devicemodel.lookup(["CPU"], profilemod.default_settings(1))
+    assert dm is not None and dm.reference["identity"] == gguf_file.check_model(tiny_q8).identity()
+    cal = ctx.profile.calibration
+    assert cal is not None and cal.devices["CPU"].node_overhead_us == dm.terms["CPU"]["node_overhead_us"]
+    # sampling grows with the vocabulary: the mid model's decode pass costs its own vocabulary's sampling
+    vocab = devicemodel.n_vocab(ctx.model)
+    assert cal.decode_us == pytest.approx(dm.outside["decode_us"] + dm.outside["sample_us_per_id"] * vocab)
+    # nor is it run to confirm the plan
+    kept, _, conf = planmod.confirmed(ctx, None, ConfirmOptions(), progress=False)
+    assert conf is None and kept.strategy == "optimal"
+    assert str(shape) not in runs["loaded"]
+
+    # a second model, never seen: planned from the cached device model, its graph not run
+    other = synth_model("tiny", "f16", n_layer=2)
+    before = len(runs["loaded"])
+    ctx2 = planmod.build_context(other, None, WORKLOAD, threads=1, progress=False, calibration="device")
+    assert runs["calibrated"] == [str(tiny_q8)]
+    assert len(runs["loaded"]) == before
+    cal2 = ctx2.profile.calibration
+    assert cal2 is not None and cal2.devices["CPU"].ops.keys() == cal.devices["CPU"].ops.keys()
+    pred = ctx2.predict(planmod.make_plan(ctx2, "optimal", None).placement)
+    assert pred["e2e_ms"] > 0 and pred["tpot_ms"] > 0
+
+
+def test_the_device_model_follows_an_rpc_server_to_another_port() -> None:
+    dm = devicemodel.DeviceModel(
+        "k", ["CPU", "RPC[127.0.0.1:5000]"],
+        {"CPU": {"node_overhead_us": 1.0, "matmul_scale": 1.1, "ops": {"*": {"a_us": 1.0, "b_us": 0.5, "n": 3}}},
+         "RPC[127.0.0.1:5000]": {"node_overhead_us": 80.0, "matmul_scale": 0.9, "ops": {}}},
+        {"pass_a_us": 100.0, "pass_b_us": 2.0, "decode_us": 50.0, "sample_us_per_id": 0.001},
+        {"RPC[127.0.0.1:5000]": {"split_us": 30.0, "stream_latency_us": 10.0, "stream_bytes_per_us": 500.0}},
+        {"RPC[127.0.0.1:5000]": [20.0, 0.5]}, {"model": "ref.gguf"})
+    again = devicemodel.DeviceModel.from_json(dm.to_json())
+    cal = again.calibration(["CPU", "RPC[127.0.0.1:6000]"], vocab=32000)
+    assert set(cal.devices) == {"CPU", "RPC[127.0.0.1:6000]"}
+    assert cal.devices["RPC[127.0.0.1:6000]"].node_overhead_us == 80.0
+    assert cal.links["RPC[127.0.0.1:6000]"]["split_us"] == 30.0
+    assert cal.detached_us("RPC[127.0.0.1:6000]", 4) == pytest.approx(22.0)
+    assert cal.pass_overhead_us(1) == pytest.approx(50.0 + 32.0)
+    assert cal.pass_overhead_us(10) == pytest.approx(100.0 + 32.0 + 20.0)
