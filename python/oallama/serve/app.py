@@ -123,6 +123,19 @@ def unavailable(opts: ServeOptions, llm: Llama, settings: ModelSettings) -> tupl
     return no_embeddings, no_logprobs
 
 
+def chat_report(llm: Llama, settings: ModelSettings) -> dict[str, Any]:
+    """How chats are formatted: the chat format in use, whether the GGUF has a chat template, and
+    a warning when llama-cpp-python fell back to guessing (a base model: its replies to chats are
+    often empty or nonsense)."""
+    has_template = "tokenizer.chat_template" in (llm.metadata or {})
+    warning = None
+    if settings.chat_format is None and getattr(llm, "chat_handler", None) is None and not has_template:
+        warning = (f"{llm.model_path} has no chat template (a base model?): /v1/chat/completions formats chats as "
+                   f"llama-cpp-python's fallback '{llm.chat_format}'; name the model's format with --chat-format "
+                   "(e.g. chatml, gemma) or send plain prompts to /v1/completions")
+    return {"format": llm.chat_format, "template": has_template, "warning": warning}
+
+
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -255,6 +268,7 @@ def build_app(opts: ServeOptions, *, rpc_device: str | None = None) -> ServedApp
         with _bound(upstream_app, "LlamaProxy", lambda models: proxy):
             app = upstream_app.create_app(server_settings=server_settings, model_settings=[model_settings])
         report = placement_report(proxy.model, alias)
+        report["chat"] = chat_report(proxy.model, model_settings)
         no_embeddings, no_logprobs = unavailable(opts, proxy.model, model_settings)
     except BaseException:
         proxy.free()
@@ -272,6 +286,16 @@ def build_app(opts: ServeOptions, *, rpc_device: str | None = None) -> ServedApp
         status = "shutting_down" if admission.closing else "rpc_server_failed" if failed else "ok"
         body = {"status": status, "model": alias, **state, **({"failed_rpc_servers": failed} if failed else {})}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    # llama_cpp.server's model list, with how the model formats chats (a base model: says so)
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/models"]
+
+    @app.get("/v1/models", tags=["OpenAI V1"], summary="Models", dependencies=[Depends(upstream_app.authenticate)])
+    async def models() -> JSONResponse:
+        chat = report["chat"]
+        entry = {"id": alias, "object": "model", "owned_by": "me", "permissions": [], "chat_format": chat["format"],
+                 "chat_template": chat["template"], **({"warning": chat["warning"]} if chat["warning"] else {})}
+        return JSONResponse({"object": "list", "data": [entry]})
 
     @app.get("/placement", tags=["oallama"], summary="Where the model's weights are, and the plan",
              dependencies=[Depends(upstream_app.authenticate)])

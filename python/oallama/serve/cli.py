@@ -129,6 +129,8 @@ def serve(opts: ServeOptions) -> int:
             try:
                 for line in placement_lines(served.report):
                     log(line)
+                if served.report["chat"]["warning"]:
+                    log(f"warning: {served.report['chat']['warning']}")
                 config = uvicorn.Config(served.app, host=opts.host, port=port,
                                         timeout_graceful_shutdown=opts.shutdown_timeout,
                                         log_level="info" if opts.verbose else "warning", access_log=opts.verbose)
