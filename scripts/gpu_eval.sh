@@ -9,7 +9,7 @@
 #                                                 the plan confirmed by measurement: the GPU verdict
 #   scripts/gpu_eval.sh synth  [--max-minutes 9]  (GPU) llama3-8b, qwq-32b, minicpm3-4b Q4_K_M
 #   scripts/gpu_eval.sh run    [--max-minutes 9]  (GPU) the grid, resumable; stops cleanly in time
-#   scripts/gpu_eval.sh report                    results -> JSON/CSV/MD/PNG + the README table
+#   scripts/gpu_eval.sh report                    results -> JSON/CSV/MD/PNG + bench/results/README.md
 #   scripts/gpu_eval.sh all    [--max-minutes 9]  build + heldout + gputest + synth + run as far
 #                                                 as time allows, report
 #   scripts/gpu_eval.sh export [TARBALL]          results + profiles -> $OUT/gpu-eval-results.tgz
@@ -61,8 +61,7 @@
 #   3. here:   scripts/gpu_eval.sh import <files_at>/gpu-eval-results.tgz && scripts/gpu_eval.sh report
 #
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
-# build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_README (README.md),
-# GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),
+# build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),
 # GPU_EVAL_THREADS (default: half the cores), GPU_EVAL_QUICK=1 (with --cpu: tiny, one budget).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +93,6 @@ SITE=build/gpu-site
 MODELS=${GPU_EVAL_MODELS:-build/bench-models}
 SUMMARY=build/gpu-eval-last-summary.json  # the last stage's `oallama bench` summary
 mkdir -p build
-README=${GPU_EVAL_README:-README.md}
 export OALLAMA_CACHE=${OALLAMA_CACHE:-$root/build/oallama-cache}  # profiles, kept with the results
 export PYTHONUNBUFFERED=1
 [ $VULKAN = 1 ] && export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}  # lists Mesa's software GPU
@@ -389,13 +387,13 @@ step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc s
 }
 
 # --- report, export, import, status ---------------------------------------------------------
-step_report() {  # every results directory under bench/results (and GPU_EVAL_OUT) -> outputs + README
+step_report() {  # every results directory under bench/results (and GPU_EVAL_OUT) -> outputs + the catalogue
     local rpy=$PY dirs=(bench/results)
     [ -x .venv/bin/python ] && [ $CPU = 0 ] && ! $PY -c "import oallama._core" 2>/dev/null && rpy=.venv/bin/python
     [ -n "${GPU_EVAL_OUT:-}" ] && [ -d "$GPU_EVAL_OUT" ] && dirs+=("$GPU_EVAL_OUT")
     [ -d build/gpu-results ] && dirs+=(build/gpu-results)
     mkdir -p bench/results
-    $rpy -m oallama bench-report "${dirs[@]}" --readme "$README" >&2
+    $rpy -m oallama bench-report "${dirs[@]}" --catalogue >&2  # bench/results/README.md
 }
 
 step_export() {

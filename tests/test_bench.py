@@ -264,20 +264,26 @@ def test_grids_and_variants(tmp_path: Path) -> None:
     assert all(not oo for _, oo in o.variants()) and "flexgen" not in [s for s, _ in o.variants()]
 
 
-def test_readme_section_is_replaced_between_markers(smoke: dict[str, Any], tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# oallama\n\nIntro.\n")
-    bench_report.update_readme(readme, [smoke["out"]])
-    text = readme.read_text()
-    assert text.startswith("# oallama\n\nIntro.\n\n## Results\n\n<!-- bench:begin -->\n")
-    # an rpc-server run gets no speed-up column (its ratio would read as a claim)
-    assert "| model | prompt / gen | budget | layers | optimal |\n" in text and "No GPU results yet" in text
-    assert "| tiny-q8_0 | 32 / 4 | 75% |" in text
-    readme.write_text(text.replace("Intro.", "Intro, edited.") + "\n## Later\n\nMore.\n")
-    bench_report.update_readme(readme, [smoke["out"]])
-    again = readme.read_text()
-    assert again.count(bench_report.README_BEGIN) == 1 and again.count("## Results") == 1
-    assert "Intro, edited." in again and again.endswith("<!-- bench:end -->\n\n## Later\n\nMore.\n")
+def test_the_catalogue_has_a_line_per_result_set_from_its_own_files(smoke: dict[str, Any], tmp_path: Path) -> None:
+    from oallama.bench import catalogue
+
+    root = tmp_path / "results"
+    root.mkdir()
+    grid = root / "2026-01-02-vm-grid"
+    shutil.copytree(smoke["out"], grid)
+    note = root / "2026-01-03-vm-experiment"
+    note.mkdir()
+    (note / "README.md").write_text("# Splits cost 40 us on this machine\n\nHow it was measured.\n")
+    (root / "README.md").write_text("stale")
+    path = catalogue.write_catalogue(root)
+    rows = [ln for ln in path.read_text().splitlines() if ln.startswith("| [")]
+    assert len(rows) == 2  # one per set, the catalogue itself not a set
+    records = bench_report.read_records(grid / "results.json")
+    n = len({r["config_id"] for r in records})
+    assert rows[0].startswith("| [2026-01-02-vm-grid](2026-01-02-vm-grid/) | 2026-01-02 | bench grid |")
+    assert f"{n} configurations of tiny-q8_0" in rows[0] and "e2e error median" in rows[0]
+    assert rows[1].startswith("| [2026-01-03-vm-experiment](2026-01-03-vm-experiment/) | 2026-01-03 | experiment |")
+    assert "Splits cost 40 us on this machine" in rows[1]
 
 
 # --- bookkeeping beside the measurements (issue 13) ---------------------------------------------

@@ -597,18 +597,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     dirs = list(dict.fromkeys([*(d for d in paths if (d / "raw").is_dir()),
                                *(r.parent.parent for d in paths for r in d.rglob("raw/*.spec.json"))]))
     for d in dirs:
-        if not args.readme_only:
+        if not args.catalogue_only:
             outs = bench_report.write_outputs(d, plots=not args.no_plots)
             print(f"{d}: wrote {', '.join(p.name for p in outs.values())}")
-    if not args.readme_only:
+    if not args.catalogue_only:
         # prediction error, measured winners, load and repeat checks of every results directory
         # (committed ones without raw/ too: from their results.json)
         for d in bench_report.result_dirs(paths):
             print(f"\n# {d}\n")
             print("\n".join(accuracy.accuracy_markdown(bench_report.read_records(d / "results.json"))))
-    if args.readme:
-        bench_report.update_readme(Path(args.readme), paths)
-        print(f"updated the results section of {args.readme}")
+    if args.catalogue or args.catalogue_only:
+        from . import catalogue
+
+        print(f"wrote the catalogue {catalogue.write_catalogue(paths[0])} ({paths[0]}'s result sets)")
     return 0
 
 
@@ -618,10 +619,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_arguments(p, BenchOptions)
     p.set_defaults(func=_cmd_bench)
 
-    r = sub.add_parser("bench-report", help="regenerate bench results (JSON/CSV/Markdown/PNG) and the README table")
-    r.add_argument("dirs", nargs="+", help="results directories (bench/results/<date>-<machine>)")
-    r.add_argument("--readme", help="README to update between <!-- bench:begin --> and <!-- bench:end -->")
-    r.add_argument("--readme-only", action="store_true", help="only update the README (from results.json)")
+    r = sub.add_parser("bench-report", help="regenerate bench results (JSON/CSV/Markdown/PNG) and the results catalogue")
+    r.add_argument("dirs", nargs="+", help="results directories (bench/results/<date>-<machine>), or their parent")
+    r.add_argument("--catalogue", action="store_true", help="also write README.md in the first directory given: one "
+                   "line per result set under it (bench/results/README.md)")
+    r.add_argument("--catalogue-only", action="store_true", help="only write the catalogue")
     r.add_argument("--no-plots", action="store_true")
     r.set_defaults(func=_cmd_report)
 
