@@ -61,5 +61,5 @@ if [ "$layout_layers" != 0 ]; then
         -p "$(printf 'The history of the city is long. %.0s' $(seq 40))"
     echo
     echo "(one cold run each: on a shared machine they differ by more than the layouts do; the alternated,"
-    echo " repeated comparison on a full-size model is scripts/bench_layouts.py, results in bench/results/)"
+    echo " repeated comparison on a full-size model is bench/scripts/bench_layouts.py, results in bench/results/)"
 fi

@@ -162,11 +162,11 @@ def test_rounds_measure_the_grid_again_and_report_the_median(smoke: dict[str, An
 
 
 def test_ab_replays_a_cell_in_one_process(smoke: dict[str, Any], tmp_path: Path) -> None:
-    # scripts/bench_ab.py loads the cell's placements side by side (each with its own rpc-server)
+    # bench/scripts/bench_ab.py loads the cell's placements side by side (each with its own rpc-server)
     # and alternates their generations; every placement's e2e is paired with optimal's per round
     out = tmp_path / "run"
     shutil.copytree(smoke["out"], out)
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_ab.py"
+    script = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "bench_ab.py"
     p = subprocess.run([sys.executable, str(script), str(out), "--rounds", "2"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -38,7 +38,7 @@ def needs_ss(needs_torch: None) -> None:
 
 
 def netns_hosts():
-    spec = importlib.util.spec_from_file_location("netns_hosts", ROOT / "scripts" / "netns_hosts.py")
+    spec = importlib.util.spec_from_file_location("netns_hosts", ROOT / "bench" / "scripts" / "netns_hosts.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules["netns_hosts"] = mod

@@ -501,9 +501,9 @@ def test_cli_infeasible_names_the_constraint(tiny_q8: Path, devices_file: Path, 
     assert "time blocks" not in r.stderr  # said before the blocks are timed (memory needs no timing)
 
 
-# --- emulated networks (scripts/netem_scenario.py) -------------------------------------------
+# --- emulated networks (bench/scripts/netem_scenario.py) -------------------------------------------
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "bench" / "scripts"
 
 
 def _netem_module():

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from provenance import git_commit
 
 # fixed on 2026-11-25, before the cost model was fitted to any of it; change it only as a new

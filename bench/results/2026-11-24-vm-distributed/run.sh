@@ -14,7 +14,7 @@ OLD=$(sysctl -n net.ipv4.tcp_congestion_control)
 if [ -n "$CC" ]; then sysctl -qw net.ipv4.tcp_congestion_control="$CC"; trap 'sysctl -qw net.ipv4.tcp_congestion_control=$OLD' EXIT; fi
 log() { echo "$1 $(date -u +%Y-%m-%dT%H:%M:%SZ) $(cat /proc/loadavg) commit $(git rev-parse --short HEAD) cc $(sysctl -n net.ipv4.tcp_congestion_control) slow_start_after_idle $(sysctl -n net.ipv4.tcp_slow_start_after_idle)"; }
 log start > "$D/load.txt"
-.venv/bin/python scripts/bench_distributed.py loopback -o "$D" --reps 5
-.venv/bin/python scripts/bench_distributed.py scenarios -o "$D" --reps 5
-.venv/bin/python scripts/bench_distributed.py report -o "$D"
+.venv/bin/python bench/scripts/bench_distributed.py loopback -o "$D" --reps 5
+.venv/bin/python bench/scripts/bench_distributed.py scenarios -o "$D" --reps 5
+.venv/bin/python bench/scripts/bench_distributed.py report -o "$D"
 log end >> "$D/load.txt"

@@ -6,7 +6,7 @@
 
 Each load: a 32-token prompt, then decode passes (the first dropped), their mean wall time; loads
 alternate across rounds. Predicted: the committed profile (PROFILE) refitted by this checkout
-(scripts/repredict.py's way), the same placements costed by the pass model at 1 token.
+(bench/scripts/repredict.py's way), the same placements costed by the pass model at 1 token.
 
 usage: python layouts_ab.py MODEL PLAN PROFILE ROUNDS
 """

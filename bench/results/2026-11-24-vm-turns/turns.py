@@ -8,7 +8,7 @@ measured against the pass model (ms).
             of one FFN, host turns of M-1 layers and an attention (M = 1, 2, 4, 8)
 
 Each load's plan is costed by the bench's committed profile (method16, this 8B's), refitted by this
-checkout (as scripts/repredict.py); each 1-token pass after 32 tokens is timed at its splits' ends
+checkout (as bench/scripts/repredict.py); each 1-token pass after 32 tokens is timed at its splits' ends
 (the calibration's `_split_stops`), ROUNDS times alternated across loads, plus its untimed pass.
 Per split: the device, the preceding gap (the other device's turn, measured), measured, predicted.
 
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "scripts"))
+sys.path.insert(0, str(HERE.parents[2] / "bench" / "scripts"))
 sys.path.insert(0, str(HERE.parent / "2026-11-24-vm-method16" / "experiments"))
 from splits_apart import close, measure, predicted_splits, prepared  # noqa: E402
 

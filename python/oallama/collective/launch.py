@@ -1,6 +1,6 @@
 """oallama.collective.launch: the processes of a collective job (seed 001). ``launch`` starts one
 process per rank (optionally inside the network namespaces of emulated hosts, see
-scripts/netns_hosts.py); a worker self-tests and times the all-reduce algorithms and, on request,
+bench/scripts/netns_hosts.py); a worker self-tests and times the all-reduce algorithms and, on request,
 observes what they sent over TCP (``selftest``; ``python -m oallama.collective.launch worker``).
 """
 

@@ -20,7 +20,7 @@ store (the MASTER_PORT) are not rank-to-rank traffic and are left out.
 
 Only sockets of one network namespace are visible: ranks in separate namespaces (emulated hosts)
 need one snapshot per namespace and are not supported here; their links' interface counters are
-scripts/netns_hosts.py's.
+bench/scripts/netns_hosts.py's.
 """
 
 from __future__ import annotations

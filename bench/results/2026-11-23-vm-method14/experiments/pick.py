@@ -6,7 +6,7 @@ from oallama.planner import calibrate as C
 from oallama.planner import plan as planmod
 from oallama.planner.profile import Profile
 from oallama.runtime import rpc
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "bench/scripts")
 from repredict import _placement
 D = Path("bench/results/2026-11-23-vm-method14")  # run from the repository root, with this directory's raw/ (not in git)
 specs = collections.defaultdict(list)

@@ -2,7 +2,7 @@
 """TTFT and TCP congestion windows against the idle time before a request (issue 13).
 
 Runs inside a scenario's client namespace:
-    scripts/netem_scenario.py run scripts/scenarios/wan-far-big.json -- \
+    bench/scripts/netem_scenario.py run bench/scripts/scenarios/wan-far-big.json -- \
         .venv/bin/python bench/results/2026-11-24-vm-distributed/experiments/idle_window.py PLAN OUT.json
 The congestion control is the kernel's default when the namespaces are made (run with
 `sysctl -w net.ipv4.tcp_congestion_control=cubic` before, and set it back after, for CUBIC).

@@ -1,5 +1,5 @@
 """Plans (CPU + loopback rpc-server, each its own server) loaded side by side in one process, one
-generation of each in turn per round (order reversed every other round), as scripts/bench_ab.py
+generation of each in turn per round (order reversed every other round), as bench/scripts/bench_ab.py
 does for a bench cell: medians, and each plan's e2e over the first plan's in the same round.
 
     python ab_plans.py ROUNDS PROMPT GEN MODEL PLAN LABEL [MODEL PLAN LABEL ...]

@@ -1,7 +1,7 @@
 """ab.json cells re-predicted with this checkout's model: predicted e2e ratio to optimal vs the measured paired ratio."""
 import json, statistics, sys
 from pathlib import Path
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "bench/scripts")
 import repredict, bench_ab
 from oallama.runtime import rpc
 errs, rows = [], []

@@ -1,12 +1,12 @@
 """A committed bench cell re-planned from its own profile's measurements with this checkout's
-calibration fit (scripts/repredict.py's refit): layers, fit, affinity, then optimal from them, as the
+calibration fit (bench/scripts/repredict.py's refit): layers, fit, affinity, then optimal from them, as the
 bench plans a cell; each plan saved and its prediction printed beside the bench's.
 
     python replan.py RESULTS_DIR CONFIG_ID OUT_PREFIX    (CONFIG_ID: any configuration of the cell)
 """
 import json, sys
 from pathlib import Path
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "bench/scripts")
 import repredict
 from oallama.planner import plan as planmod
 from oallama.runtime import rpc

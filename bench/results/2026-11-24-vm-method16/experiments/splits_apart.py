@@ -5,7 +5,7 @@ Loads each configuration's plan (its rpc-server replaced by a fresh loopback one
 calibration times), ROUNDS times alternated across configurations, and prints per split: its device,
 nodes, the measured time from the previous split's end to its own (its copies in, hand-over, compute)
 and the pass model's cost of the same (compute + other ops + copies in + issue), from the bench's own
-profile refitted by this checkout (as scripts/repredict.py). Also each configuration's untimed pass.
+profile refitted by this checkout (as bench/scripts/repredict.py). Also each configuration's untimed pass.
 
     python splits_apart.py ROUNDS RESULTS_DIR CONFIG_ID [CONFIG_ID ...]
 """
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "bench" / "scripts"))
 import repredict
 from oallama import _core
 from oallama.planner.calibrate import _split_stops

@@ -16,7 +16,7 @@ broadcasts h and x): the tests check both give the same numbers. ``world == 1`` 
 is the single-process reference that the tests also compare with llama.cpp itself.
 
 ``run_distributed`` launches one process per rank (``python -m oallama.collective.tp.decoder worker``), optionally
-inside network namespaces (scripts/netns_hosts.py), and collects each rank's report: tokens,
+inside network namespaces (bench/scripts/netns_hosts.py), and collects each rank's report: tokens,
 TTFT, tokens/s, peak memory (exact bytes held, and sampled RssAnon), collective counters.
 """
 

@@ -1,7 +1,7 @@
 import statistics
 import sys
 
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "bench/scripts")
 from pathlib import Path
 
 import netns_hosts

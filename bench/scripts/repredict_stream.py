@@ -11,7 +11,7 @@ op-offload size when the plan sets no per-weight threshold, else those whose thr
 reaches), their old transfer time at the profiled link's bandwidth, and the new one at the
 fitted rate; the per-copy latency stays. Prints a Markdown report (errors before / after).
 
-    python scripts/repredict_stream.py bench/results/<dir> [--from-strategy flexgen]
+    python bench/scripts/repredict_stream.py bench/results/<dir> [--from-strategy flexgen]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ rpc-servers). For each budget this plans `optimal` and times, alternated in the 
 Both are predicted by the same cost model (the plan's per-pass breakdown and the stock variant's).
 Writes stock.json / stock.csv / stock.md to --out with the machine, commit and load average.
 
-    python scripts/bench_stock.py MODEL [--rpc-local | --device DEV] [--gpu-budget 25%,50%] \\
+    python bench/scripts/bench_stock.py MODEL [--rpc-local | --device DEV] [--gpu-budget 25%,50%] \\
         [--prompt 256] [--gen 32] [--reps 3] [-o DIR]
 """
 
@@ -39,7 +39,7 @@ from oallama.planner.profile import _cpu_name, build_info
 from oallama.planner.schedmodel import NEVER, Placement
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens, timed_generate
-from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
+from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)
 
 
 def _stock_variant(ctx: Any, plan: Any) -> Any:

@@ -9,7 +9,7 @@ each window of the prompt once; the bytes that crossed (TCP bytes acknowledged, 
 the routed experts, plus a few KB of activations and graph) against the bytes the model predicts
 with the recorded routing and with uniform routing (`schedmodel.expert_fraction`).
 
-    python scripts/routing_check.py MODEL.gguf [MODEL.gguf ...] --out DIR
+    python bench/scripts/routing_check.py MODEL.gguf [MODEL.gguf ...] --out DIR
 """
 
 from __future__ import annotations

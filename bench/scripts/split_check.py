@@ -4,8 +4,8 @@
 the cost model prices it without a per-split term, and the per-split cost the plan derives
 (`planner.context.split_cost`; none when the model is within 5%). Profiles afresh (not cached).
 
-    python scripts/split_check.py MODEL.gguf rpc          # a loopback rpc-server (1 thread)
-    GGML_VK_VISIBLE_DEVICES=0 python scripts/split_check.py MODEL.gguf Vulkan0
+    python bench/scripts/split_check.py MODEL.gguf rpc          # a loopback rpc-server (1 thread)
+    GGML_VK_VISIBLE_DEVICES=0 python bench/scripts/split_check.py MODEL.gguf Vulkan0
 """
 
 from __future__ import annotations

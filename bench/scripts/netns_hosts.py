@@ -12,12 +12,12 @@ No namespace has a route out: traffic between ranks stays inside these namespace
 (deleting the namespaces, which removes their veths and bridge) always runs: on leaving the
 `with` block, on SIGINT/SIGTERM, and at exit.
 
-    sudo scripts/netns_hosts.py check                       what this machine allows, as JSON
-    sudo scripts/netns_hosts.py run --hosts 2 --rate 1gbit --delay-ms 0.2 -- CMD ...
+    sudo bench/scripts/netns_hosts.py check                       what this machine allows, as JSON
+    sudo bench/scripts/netns_hosts.py run --hosts 2 --rate 1gbit --delay-ms 0.2 -- CMD ...
         runs CMD (in the root namespace) with OALLAMA_NETNS=ns0,ns1, OALLAMA_NETNS_ADDRS=ip0,ip1
         and OALLAMA_NETNS_IFNAME=tp0 set; a command starts a rank on host i with
         `ip netns exec <ns_i> ...` (oallama.collective.launch(netns=..., ifnames=...) does that)
-    sudo scripts/netns_hosts.py down                        remove namespaces left by a killed run
+    sudo bench/scripts/netns_hosts.py down                        remove namespaces left by a killed run
 """
 
 from __future__ import annotations

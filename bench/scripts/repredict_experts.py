@@ -15,7 +15,7 @@ new stream_ms = old stream_ms * (moved / whole bytes of the pass) * (whole / mov
 calibration pass); the per-copy latency is not separated (a few us per weight). No measurement of
 the run enters the correction. Needs the runs' GGUFs (a `--shape-only` synth has the same sizes).
 
-    python scripts/repredict_experts.py bench/results/<dir> [--models-dir build/bench-models]
+    python bench/scripts/repredict_experts.py bench/results/<dir> [--models-dir build/bench-models]
 """
 
 from __future__ import annotations

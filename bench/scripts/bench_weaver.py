@@ -22,7 +22,7 @@ events on the sender's stream: p50/p90/p99/mean, microseconds) and the cold mode
 token with and without the polling kernels (its per-token overhead). Results go to JSON and
 Markdown, named by the device.
 
-    python scripts/bench_weaver.py --layers 32 --samples 200 --out bench/weaver
+    python bench/scripts/bench_weaver.py --layers 32 --samples 200 --out bench/weaver
 """
 
 from __future__ import annotations

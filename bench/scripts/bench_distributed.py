@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark of the distributed planner (issue 7): solver time, and measured vs predicted
 TTFT / per-token latency of the MILP plan against llama.cpp's memory-proportional split and an
-equal split, on loopback and on emulated networks (scripts/netem_scenario.py).
+equal split, on loopback and on emulated networks (bench/scripts/netem_scenario.py).
 
-    python scripts/bench_distributed.py solver  -o DIR      80 blocks x 8 devices: time to solve
-    python scripts/bench_distributed.py loopback -o DIR     two rpc-servers on loopback (no root)
-    sudo python scripts/bench_distributed.py scenarios -o DIR [scripts/scenarios/*.json]
+    python bench/scripts/bench_distributed.py solver  -o DIR      80 blocks x 8 devices: time to solve
+    python bench/scripts/bench_distributed.py loopback -o DIR     two rpc-servers on loopback (no root)
+    sudo python bench/scripts/bench_distributed.py scenarios -o DIR [bench/scripts/scenarios/*.json]
                                                             each scenario in its namespaces
-    python scripts/bench_distributed.py report -o DIR       results.csv + summary.md from the JSON
-    sudo python scripts/bench_distributed.py all            all of it, into
+    python bench/scripts/bench_distributed.py report -o DIR       results.csv + summary.md from the JSON
+    sudo python bench/scripts/bench_distributed.py all            all of it, into
                                                             bench/results/<date>-<host>/distributed/
 
 (`client` is what runs inside a scenario's client namespace.) The model is a synthetic GGUF:
@@ -45,7 +45,7 @@ from oallama.cluster import probe
 from oallama.cluster.problem import flops_at
 from oallama.model import synthetic
 from oallama.runtime import rpc
-from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
+from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ("milp", "memory", "equal")
@@ -305,7 +305,7 @@ def report(out: Path) -> None:
         caps = json.loads(check.read_text())
         if caps.get("shaper") == "tun":
             lines += ["Network emulation: **tc netem is not available in this kernel** (`" + str(caps.get("netem")) +
-                      "`), so each link is a pair of TUN devices joined by `scripts/netem_scenario.py relay`, a "
+                      "`), so each link is a pair of TUN devices joined by `bench/scripts/netem_scenario.py relay`, a "
                       "user-space netem (per-packet Bernoulli loss, delay +- uniform jitter with order kept, "
                       "serialising rate limit, 1000-packet queue, both directions). Namespaces and veth/TUN work "
                       "(root).", ""]
@@ -432,7 +432,7 @@ def report(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["solver", "loopback", "scenarios", "client", "report", "all"])
-    ap.add_argument("files", nargs="*", type=Path, help="scenario files (default scripts/scenarios/*.json)")
+    ap.add_argument("files", nargs="*", type=Path, help="scenario files (default bench/scripts/scenarios/*.json)")
     ap.add_argument("-o", "--out", type=Path, default=None, help="results folder")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=3, help="solver instances per kind")

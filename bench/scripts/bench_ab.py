@@ -12,9 +12,9 @@ other round). Each placement's e2e is compared with `optimal`'s of the same roun
 those paired ratios is what the machine's drift cannot move, and it is set beside the ratio the
 planner predicted. Output: DIR/ab/ab.json (every round), DIR/ab/ab.md.
 
-    python scripts/bench_ab.py bench/results/<dir> [--model SUBSTR] [--rounds 15]
-    python scripts/bench_ab.py bench/results/<dir> --markdown-only   # ab.md again from ab.json
-    python scripts/bench_ab.py bench/results/<dir> --budget 50%,75%  # these cells again, the rest kept
+    python bench/scripts/bench_ab.py bench/results/<dir> [--model SUBSTR] [--rounds 15]
+    python bench/scripts/bench_ab.py bench/results/<dir> --markdown-only   # ab.md again from ab.json
+    python bench/scripts/bench_ab.py bench/results/<dir> --budget 50%,75%  # these cells again, the rest kept
 
 Cells measured again replace their earlier entry in ab.json; the others stay (each cell records its
 commit and time). Only CPU + loopback rpc-server runs (the bench's `--rpc-local`) are replayed; the plans are

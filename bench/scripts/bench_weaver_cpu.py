@@ -25,7 +25,7 @@ sender's latency distribution; beside each, the splitting model's prediction of 
 a rotated order. Writes OUT/weaver-cpu.json (every sample, commit, machine, load averages),
 weaver-cpu.csv and weaver-cpu.md.
 
-    .venv/bin/python scripts/bench_weaver_cpu.py --model build/bench-models/llama3-8b-q4_k_m.gguf \\
+    .venv/bin/python bench/scripts/bench_weaver_cpu.py --model build/bench-models/llama3-8b-q4_k_m.gguf \\
         -o bench/results/2026-11-23-vm-weaver-cpu
 """
 

@@ -8,8 +8,8 @@ never reads weights). The accelerator is the first GPU, else a loopback rpc-serv
 are split into the planning algorithm itself and the verification of the plan's memory with
 llama.cpp's own accounting (metadata-only loads). The profile is measured once (cached).
 
-    python scripts/bench_plan.py --preset qwq-32b --budget 50% [--reps 3] [-o bench/results/...]
-    python scripts/bench_plan.py --preset qwen3-30b-a3b --strategies layers,fit,n-cpu-moe,affinity,optimal \
+    python bench/scripts/bench_plan.py --preset qwq-32b --budget 50% [--reps 3] [-o bench/results/...]
+    python bench/scripts/bench_plan.py --preset qwen3-30b-a3b --strategies layers,fit,n-cpu-moe,affinity,optimal \
         --no-calibrate   # a shape-only file has no weights to run the real graph with
 """
 

@@ -17,10 +17,10 @@ reached from the client namespace only. Everything is bounded by the scenario's 
 (or --timeout) and always torn down: rpc-servers and the relay are killed, the namespaces
 (with their veths / TUNs) deleted, on normal exit, on error, on SIGINT/SIGTERM/SIGHUP.
 
-    sudo scripts/netem_scenario.py check                  what this machine allows (JSON; exit 3: nothing)
-    sudo scripts/netem_scenario.py run scripts/scenarios/lan.json -- CMD ARGS...
+    sudo bench/scripts/netem_scenario.py check                  what this machine allows (JSON; exit 3: nothing)
+    sudo bench/scripts/netem_scenario.py run bench/scripts/scenarios/lan.json -- CMD ARGS...
          CMD runs in the client namespace with OALLAMA_SCENARIO=<runtime JSON: endpoints, memory, links>
-    sudo scripts/netem_scenario.py cleanup                remove what a killed run left behind
+    sudo bench/scripts/netem_scenario.py cleanup                remove what a killed run left behind
 
 Scenario file (JSON):
     {"name": "lan", "description": "...", "duration_s": 900,
@@ -111,7 +111,7 @@ def load_scenario(path: str | Path) -> Scenario:
         sc = Scenario(str(doc["name"]), devs, str(doc.get("description", "")),
                       float(doc.get("duration_s", 900.0)), str(p))
     except (KeyError, TypeError, ValueError) as e:
-        raise ScenarioError(f"{p}: bad scenario ({e}); see scripts/netem_scenario.py's docstring") from None
+        raise ScenarioError(f"{p}: bad scenario ({e}); see bench/scripts/netem_scenario.py's docstring") from None
     if not sc.devices or len(sc.devices) > 32:
         raise ScenarioError(f"{p}: a scenario has 1..32 devices")
     if not 0 < sc.duration_s <= MAX_DURATION_S:

@@ -18,7 +18,7 @@ Growth per phase = median of the last 20% of its samples minus the median of the
 run passes if no phase grows RSS by more than --rss-tolerance MiB, and descriptors and threads
 not at all. Writes soak.json, soak.csv, soak.png and a Markdown table to --out.
 
-    python scripts/soak.py [--generations 1000] [--loads 100] [--faults 20] [-o DIR]
+    python bench/scripts/soak.py [--generations 1000] [--loads 100] [--faults 20] [-o DIR]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from oallama import Llama, RpcServerError
 from oallama.model import synthetic
 from oallama.planner.profile import _cpu_name, build_info
 from oallama.runtime import devices, rpc
-from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
+from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In the beginning", "A long time ago in a galaxy"]
 

@@ -4,7 +4,7 @@ uses by default) against the plain layout, and in both (CPU_REPACK_DUAL, patch 0
 copy below --dual-max-batch columns), at the column counts of decode and prefill, per weight type.
 Why host layouts are a per-weight choice: on some CPUs the repacked kernels are the slower ones.
 
-    python scripts/bench_repack.py [--threads 1] [--reps 5] [-o bench/results/<date>-<machine>]
+    python bench/scripts/bench_repack.py [--threads 1] [--reps 5] [-o bench/results/<date>-<machine>]
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 """Benchmark: tensor-parallel inference, tree vs ring vs star all-reduce, with and without the
 layer-streaming memory manager, on 2 emulated hosts x 2 ranks (seed 001's setting).
 
-Hosts are network namespaces on a private bridge whose links are shaped (scripts/netns_hosts.py:
+Hosts are network namespaces on a private bridge whose links are shaped (bench/scripts/netns_hosts.py:
 tc netem where the kernel has it, else tc tbf = rate only). The model is a synthetic GGUF with
 Llama-3.2-3B's shapes (the seed's "LLaMA-3B"; output matrix untied). Per configuration: TTFT
 (prompt -> first token), decode tokens/s, peak memory per rank (exact bytes held: weights + KV;
 and the sampled RssAnon), inter-host messages/bytes (counted, and the veth byte counters).
 
-    sudo .venv/bin/python scripts/bench_tp.py [--layers 28] [--rates 1gbit,100mbit] [-o DIR]
+    sudo .venv/bin/python bench/scripts/bench_tp.py [--layers 28] [--rates 1gbit,100mbit] [-o DIR]
 
 Writes DIR/results.json (everything), DIR/results.csv (one row per run), DIR/README.md.
 """

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: the all-reduces alone (tree, ring, star) on emulated hosts, message sizes 4 KiB-16 MiB.
 
-Hosts are network namespaces on a private bridge with shaped links (scripts/netns_hosts.py); the
+Hosts are network namespaces on a private bridge with shaped links (bench/scripts/netns_hosts.py); the
 ranks are `oallama.collective.launch` workers (`collective.selftest`). Per link rate and topology
 (2 hosts x 2 ranks: the seed's setting; 2 hosts x 1 rank: no intra-host stage, and no more ranks
 than this 2-core machine has cores), the whole self-test runs --reps times; the table gives the
 median over repetitions of each run's median call (the algorithms alternate call by call, each call
 started together after a barrier). Needs root (namespaces, tc).
 
-    sudo .venv/bin/python scripts/bench_allreduce.py [--rates 1gbit,100mbit] [--reps 2] [-o DIR]
+    sudo .venv/bin/python bench/scripts/bench_allreduce.py [--rates 1gbit,100mbit] [--reps 2] [-o DIR]
 
 Writes DIR/allreduce.json (every run, machine, commit, load averages), allreduce.csv, README.md.
 """

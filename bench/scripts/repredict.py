@@ -5,7 +5,7 @@ configuration's plan is costed again, and the errors against the committed measu
 printed beside the ones the bench recorded. No model runs; a loopback rpc-server is started only
 to stand in for the accelerator (the plans' own rpc-servers are gone).
 
-    python scripts/repredict.py bench/results/<dir> [--cells] [--device NAME]
+    python bench/scripts/repredict.py bench/results/<dir> [--cells] [--device NAME]
         configurations on an rpc-server (a loopback one stands in), or on NAME (e.g. Vulkan0: the graphs
         then have that device's supported ops); --cells: each cell's measured and predicted
 """

@@ -3,7 +3,7 @@
 (every weight it can repacked) and against --no-repack (every weight plain), on one model and
 several workloads, measured end to end through llama.cpp with the predicted TTFT/TPOT beside.
 
-    python scripts/bench_layouts.py MODEL [--workloads 512:32,64:128] [--threads 2] [--reps 3]
+    python bench/scripts/bench_layouts.py MODEL [--workloads 512:32,64:128] [--threads 2] [--reps 3]
         [--host-budget 200%] [-o bench/results/<date>-<machine>-layouts]
 
 Per workload it plans (CPU only: `oallama plan` without a GPU budget) `optimal` without and with
@@ -33,7 +33,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from provenance import git_commit  # scripts/provenance.py (the script's own directory is on sys.path)
+from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)
 
 PROMPT_WARMUP = (32, 4)  # tokens: the discarded warm-up generation (touches every weight once)
 
