@@ -7,7 +7,7 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 echo; echo "==> ruff"
-ruff check python tests scripts bench/scripts bench/heldout
+ruff check python tests scripts bench
 echo; echo "==> import contracts (pyproject: [tool.importlinter])"
 lint-imports
 echo; echo "==> pytest"

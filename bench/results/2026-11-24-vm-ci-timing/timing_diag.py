@@ -4,6 +4,7 @@ line per iteration, after a "min" line: the fastest run's TTFT and TPOT, s).
     [SAME=1] python timing_diag.py MID_GGUF ITERATIONS   (MID_GGUF: oallama synth -p mid -t q8_0 --layers 8)
 
 SAME=1: the device at the calibration's matmul speed, as the test now gives it."""
+
 import json
 import os
 import statistics
@@ -25,8 +26,16 @@ with rpc.start_server(threads=1) as server:
     for it in range(iters):
         cost = D.model_cost(mid, (1, N_PROMPT), n_ctx=256)
         timed = D.time_blocks(cost, threads=1, n_prompt=N_PROMPT, matmul=MATMUL, progress=False)
-        opts = probe.ProbeOptions(matmul_k=1024, matmul_m=1024, tokens=(1, N_PROMPT), samples=3, rtt_samples=10,
-                                  warmup=1, payload_bytes=2**16, compute_target_s=0.1)
+        opts = probe.ProbeOptions(
+            matmul_k=1024,
+            matmul_m=1024,
+            tokens=(1, N_PROMPT),
+            samples=3,
+            rtt_samples=10,
+            warmup=1,
+            payload_bytes=2**16,
+            compute_target_s=0.1,
+        )
         doc = probe.probe([server.endpoint], opts, client=False)
         doc["devices"][0]["memory_free"] = 2**34
         p = Path(tempfile.gettempdir()) / f"timing_diag_dev{it}.json"
@@ -44,16 +53,34 @@ with rpc.start_server(threads=1) as server:
         gens = [timed_generate(llm, toks, 16) for _ in range(5)]
         llm.close()
         ttft = statistics.median(g.ttft_s for g in gens)
-        print('min', min(g.ttft_s for g in gens), min(g.tpot_s for g in gens))
+        print("min", min(g.ttft_s for g in gens), min(g.tpot_s for g in gens))
         tpot = statistics.median(g.tpot_s for g in gens)
         fo = D.predict(replace(timed, times=None), cl, plan.assign, dopts)
         t = timed.times
         dev = cl.devices[0]
-        print(json.dumps(dict(it=it, load=os.getloadavg()[0],
-            ttft=dict(pred=pred.ttft_s, flop=fo.ttft_s, meas=ttft, r=pred.ttft_s/ttft, rf=fo.ttft_s/ttft,
-                      runs=[g.ttft_s for g in gens]),
-            tpot=dict(pred=pred.tpot_s, flop=fo.tpot_s, meas=tpot, r=pred.tpot_s/tpot, rf=fo.tpot_s/tpot),
-            client_flops={n: t.matmul_flops[n] for n in t.matmul_flops}, dev_flops=dev.flops,
-            ratio={n: t.matmul_flops[n] / dev.flops[n] for n in t.matmul_flops},
-            blocks={n: sum(v)/1e3 for n, v in t.block_us.items()}, rest={n: v/1e3 for n, v in t.rest_us.items()},
-            rpc_block={n: v/1e3 for n, v in t.rpc_block_us.items()})), flush=True)
+        print(
+            json.dumps(
+                dict(
+                    it=it,
+                    load=os.getloadavg()[0],
+                    ttft=dict(
+                        pred=pred.ttft_s,
+                        flop=fo.ttft_s,
+                        meas=ttft,
+                        r=pred.ttft_s / ttft,
+                        rf=fo.ttft_s / ttft,
+                        runs=[g.ttft_s for g in gens],
+                    ),
+                    tpot=dict(
+                        pred=pred.tpot_s, flop=fo.tpot_s, meas=tpot, r=pred.tpot_s / tpot, rf=fo.tpot_s / tpot
+                    ),
+                    client_flops={n: t.matmul_flops[n] for n in t.matmul_flops},
+                    dev_flops=dev.flops,
+                    ratio={n: t.matmul_flops[n] / dev.flops[n] for n in t.matmul_flops},
+                    blocks={n: sum(v) / 1e3 for n, v in t.block_us.items()},
+                    rest={n: v / 1e3 for n, v in t.rest_us.items()},
+                    rpc_block={n: v / 1e3 for n, v in t.rpc_block_us.items()},
+                )
+            ),
+            flush=True,
+        )

@@ -30,8 +30,17 @@ from oallama.runtime.llama import Llama
 
 
 def measure(model: str, layouts: dict[str, str]) -> dict[str, object]:
-    llm = Llama(model, devices=["CPU"], layouts=layouts or None, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
-                n_threads_batch=1, verbose=False)
+    llm = Llama(
+        model,
+        devices=["CPU"],
+        layouts=layouts or None,
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
+    )
     try:
         bt: dict[str, int] = {}
         for t in llm.tensor_placements():
@@ -39,7 +48,11 @@ def measure(model: str, layouts: dict[str, str]) -> dict[str, object]:
         walls = decode_walls(llm, prompt_tokens(llm, 256), 32, 4)
     finally:
         llm.close()
-    return {"tpot_ms": statistics.fmean(walls) / 1e3, "samples_ms": [w / 1e3 for w in walls], "buffer_types": bt}
+    return {
+        "tpot_ms": statistics.fmean(walls) / 1e3,
+        "samples_ms": [w / 1e3 for w in walls],
+        "buffer_types": bt,
+    }
 
 
 def predict(model: str, profile: Path, variants: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
@@ -47,12 +60,23 @@ def predict(model: str, profile: Path, variants: dict[str, dict[str, str]]) -> d
     old = prof.calibration
     new = fit(old.points, [], prof, old.splits)
     new.pass_a_us, new.pass_b_us = old.pass_a_us, old.pass_b_us
-    new.stream, new.scatter, new.detached, new.decode_us = old.stream, old.scatter, old.detached, old.decode_us
+    new.stream, new.scatter, new.detached, new.decode_us = (
+        old.stream,
+        old.scatter,
+        old.detached,
+        old.decode_us,
+    )
     prof.calibration = new
     with rpc.start_server(threads=1) as srv:
         prof = prof.renamed([n if n == "CPU" else srv.device_name for n in prof.devices])
-        ctx = planmod.build_context(model, srv.device_name, planmod.Workload(32, 8, "e2e", 64), profile=prof, threads=1,
-                                    progress=False)
+        ctx = planmod.build_context(
+            model,
+            srv.device_name,
+            planmod.Workload(32, 8, "e2e", 64),
+            profile=prof,
+            threads=1,
+            progress=False,
+        )
         out = {}
         for name, lay in variants.items():
             c = ctx.passes[1].cost(Placement(frozenset(), 0, {}, lay))
@@ -65,8 +89,15 @@ if __name__ == "__main__":
     chosen = dict(json.loads(Path(plan_path).read_text())["layouts"])
     variants = {"default": {}, "plan": chosen, "plain": {w: "CPU" for w in chosen}}
     pred = predict(model, profile, variants)
-    print(json.dumps({"predicted": pred, "plan_layouts": {v: sum(1 for x in chosen.values() if x == v)
-                                                          for v in set(chosen.values())}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "predicted": pred,
+                "plan_layouts": {v: sum(1 for x in chosen.values() if x == v) for v in set(chosen.values())},
+            }
+        ),
+        flush=True,
+    )
     rows = []
     for r in range(rounds):
         for name, lay in variants.items():

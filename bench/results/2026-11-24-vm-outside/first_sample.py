@@ -44,10 +44,20 @@ def first_token_extra(llm: Llama, toks: list[int], reps: int) -> tuple[float, fl
 
 def main() -> int:
     print(f"load average {os.getloadavg()}")
-    print("| model | n_vocab | later sample | first token's extra, fresh | ... after sample_us |\n|---|---|---|---|---|")
+    print(
+        "| model | n_vocab | later sample | first token's extra, fresh | ... after sample_us |\n|---|---|---|---|---|"
+    )
     for m in sys.argv[1:]:
-        llm = Llama(m, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False,
-                    n_gpu_layers=0)
+        llm = Llama(
+            m,
+            n_ctx=256,
+            n_batch=64,
+            n_ubatch=64,
+            n_threads=1,
+            n_threads_batch=1,
+            verbose=False,
+            n_gpu_layers=0,
+        )
         try:
             toks = prompt_tokens(llm, 64)
             llm.eval(toks[:32])

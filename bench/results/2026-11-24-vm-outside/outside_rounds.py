@@ -37,14 +37,21 @@ def main() -> int:
         srv = start_server(threads=1)
         try:
             prof = Profile.load(prof_path).renamed(["CPU", srv.device_name])
-            cal = cal_mod.calibrate(model, ["CPU", srv.device_name], prof, threads=1, op_offload=op_offload,
-                                    progress=False)
+            cal = cal_mod.calibrate(
+                model, ["CPU", srv.device_name], prof, threads=1, op_offload=op_offload, progress=False
+            )
         finally:
             srv.stop()
         rounds = captured[-1]
-        print(f"\ncalibration {k + 1}: {len(rounds)} rounds in {cal.elapsed_s:.1f} s; load average {os.getloadavg()}")
+        print(
+            f"\ncalibration {k + 1}: {len(rounds)} rounds in {cal.elapsed_s:.1f} s; load average {os.getloadavg()}"
+        )
         keys = sorted({key for r in rounds for key in r.outside})
-        print("| round | " + " | ".join(f"outside {a},{b}" for a, b in keys) + " | host splits 1,32 | detached a |")
+        print(
+            "| round | "
+            + " | ".join(f"outside {a},{b}" for a, b in keys)
+            + " | host splits 1,32 | detached a |"
+        )
         print("|---" * (len(keys) + 3) + "|")
         for i, r in enumerate(rounds):
             host = defaultdict(float)
@@ -52,16 +59,28 @@ def main() -> int:
                 if s.get("load") == "host":
                     host[(int(s["n_tokens"]), int(s["n_past"]))] += float(s["split_us"])
             det = next(iter(r.detached.values()), [float("nan")])[0]
-            print(f"| {i + 1} | " + " | ".join(f"{r.outside.get(key, float('nan')):.0f}" for key in keys)
-                  + f" | {host.get((1, 32), float('nan')):.0f} | {det:.0f} |")
-        fastest = {key: min((i for i, r in enumerate(rounds) if key in r.outside),
-                            key=lambda i: sum(float(s["split_us"]) for s in rounds[i].splits
-                                              if s.get("load") == "host" and (int(s["n_tokens"]), int(s["n_past"])) == key))
-                   for key in keys}
+            print(
+                f"| {i + 1} | "
+                + " | ".join(f"{r.outside.get(key, float('nan')):.0f}" for key in keys)
+                + f" | {host.get((1, 32), float('nan')):.0f} | {det:.0f} |"
+            )
+        fastest = {
+            key: min(
+                (i for i, r in enumerate(rounds) if key in r.outside),
+                key=lambda i: sum(
+                    float(s["split_us"])
+                    for s in rounds[i].splits
+                    if s.get("load") == "host" and (int(s["n_tokens"]), int(s["n_past"])) == key
+                ),
+            )
+            for key in keys
+        }
         r0 = min((r for r in rounds if r.detached), key=lambda r: sum(r.outside.values()))
         m18 = statistics.median(rounds[fastest[key]].outside[key] for key in keys if key[0] == 1)
-        print(f"decode outside: method 18 {m18:.0f} us, method 19 {cal.decode_us:.0f} us; "
-              f"detached, as measured in its round {dict(r0.detached)}, as kept {cal.detached}")
+        print(
+            f"decode outside: method 18 {m18:.0f} us, method 19 {cal.decode_us:.0f} us; "
+            f"detached, as measured in its round {dict(r0.detached)}, as kept {cal.detached}"
+        )
     return 0
 
 

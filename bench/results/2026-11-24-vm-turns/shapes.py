@@ -27,28 +27,38 @@ def main() -> int:
     old = prof.calibration
     assert old is not None
     cal = fit(old.points, [], prof, old.splits, old.routing)
-    print(f"profile {pf.name}: per device and pass size, shape: nodes, median node time alone - overhead (us), "
-          "median one-op time (us), their ratio, the fitted share (method 18)")
+    print(
+        f"profile {pf.name}: per device and pass size, shape: nodes, median node time alone - overhead (us), "
+        "median one-op time (us), their ratio, the fitted share (method 18)"
+    )
     for dev, dc in cal.devices.items():
         pts = [p for p in cal.points if p["device"] == dev]
         views = [p["us"] for p in pts if p["op"] in VIEW_OPS]
         ops = sorted(p["us"] for p in pts if p["op"] not in VIEW_OPS)
-        print(f"\n{dev}: node overhead {dc.node_overhead_us:.0f} us (method 17's rule, the 10th percentile of all "
-              f"ops alone: {ops[len(ops) // 10]:.0f} us); a view alone p10 / p50 / p90 "
-              + " / ".join(f"{v:.0f}" for v in np.percentile(views, [10, 50, 90])) + " us; matmul scale "
-              f"{dc.matmul_scale:.3f}, anchors " + ", ".join(f"{n} tok x{a:.3f}" for n, a in sorted(dc.anchors.items()))
-              + f"; decode matmuls x{dc.scale_for(1):.3f} their one-op time before shares")
+        print(
+            f"\n{dev}: node overhead {dc.node_overhead_us:.0f} us (method 17's rule, the 10th percentile of all "
+            f"ops alone: {ops[len(ops) // 10]:.0f} us); a view alone p10 / p50 / p90 "
+            + " / ".join(f"{v:.0f}" for v in np.percentile(views, [10, 50, 90]))
+            + " us; matmul scale "
+            f"{dc.matmul_scale:.3f}, anchors "
+            + ", ".join(f"{n} tok x{a:.3f}" for n, a in sorted(dc.anchors.items()))
+            + f"; decode matmuls x{dc.scale_for(1):.3f} their one-op time before shares"
+        )
         by: dict[tuple[int, str, str], list[tuple[float, float]]] = defaultdict(list)
         for p in cal.points:
             if p["device"] != dev or not p["weight_type"] or p["op"] not in MATMUL_OPS:
                 continue
             kind = re.sub(r"-\d+$", "", p.get("name", ""))
             key = class_key(p["op"], p["weight_type"], p["src0_ne"])
-            by[(int(p["n_tokens"]), key, kind)].append((p["us"] - dc.node_overhead_us, _profile_us(prof, dev, p)))
+            by[(int(p["n_tokens"]), key, kind)].append(
+                (p["us"] - dc.node_overhead_us, _profile_us(prof, dev, p))
+            )
         for (n, key, kind), v in sorted(by.items()):
             real, one = statistics.median(a for a, _ in v), statistics.median(b for _, b in v)
-            print(f"  {n:>3} tok {key:28s} {kind:14s} {len(v):>3} {real:9.0f} {one:9.0f} "
-                  f"{real / one if one else float('nan'):6.2f} {share(dc.mm_shares, key, n):6.2f}")
+            print(
+                f"  {n:>3} tok {key:28s} {kind:14s} {len(v):>3} {real:9.0f} {one:9.0f} "
+                f"{real / one if one else float('nan'):6.2f} {share(dc.mm_shares, key, n):6.2f}"
+            )
     return 0
 
 

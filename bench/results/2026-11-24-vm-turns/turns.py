@@ -42,15 +42,24 @@ LOADS = ("ngl1", "ngl4", "ngl16", "ffn1", "ffn2", "ffn4", "ffn8")
 
 
 def load(name: str, model: str, tensors: list[str], srv) -> tuple[Llama, Placement]:
-    common = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234)
+    common = dict(
+        n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234
+    )
     if name.startswith("ngl"):
         k = int(name[3:])
         llm = Llama(model, devices=[srv.device_name], n_gpu_layers=k + 1, **common)
         on = frozenset(t.name for t in llm.tensor_placements() if t.device == srv.device_name)
         return llm, Placement(on, k)
     m = int(name[3:])
-    on = frozenset(t for t in tensors if t.startswith("blk.") and ".ffn_" in t and t.endswith(".weight")
-                   and ".ffn_norm" not in t and int(t.split(".")[1]) % m == m - 1)
+    on = frozenset(
+        t
+        for t in tensors
+        if t.startswith("blk.")
+        and ".ffn_" in t
+        and t.endswith(".weight")
+        and ".ffn_norm" not in t
+        and int(t.split(".")[1]) % m == m - 1
+    )
     llm = Llama(model, devices=[srv.device_name], placement={t: srv.device_name for t in on}, **common)
     got = frozenset(t.name for t in llm.tensor_placements() if t.device == srv.device_name)
     assert got == on, sorted(on ^ got)[:5]
@@ -63,7 +72,7 @@ def main() -> int:
     if "--spec" in args:
         k = args.index("--spec")
         d, spec_id = args[k + 1].rsplit(":", 1)
-        results, args = Path(d), args[:k] + args[k + 2:]
+        results, args = Path(d), args[:k] + args[k + 2 :]
     rounds, names = int(args[0]), args[1:] or list(LOADS)
     spec = json.loads((results / "raw" / f"{spec_id}.spec.json").read_text())
     model = spec["config"]["model"]
@@ -79,9 +88,11 @@ def main() -> int:
     for L in loads:
         meas = [statistics.median(v) for v in L["per"]]
         pred = [us / 1e3 for _, _, us in L["pred"]]
-        print(f"\n{L['label']}: pass timed at its splits {statistics.median(L['T']):.2f} (spread "
-              f"{min(L['T']):.2f}-{max(L['T']):.2f}), untimed {statistics.median(L['U']):.2f}; predicted graph "
-              f"{sum(pred):.2f}")
+        print(
+            f"\n{L['label']}: pass timed at its splits {statistics.median(L['T']):.2f} (spread "
+            f"{min(L['T']):.2f}-{max(L['T']):.2f}), untimed {statistics.median(L['U']):.2f}; predicted graph "
+            f"{sum(pred):.2f}"
+        )
         by: dict[str, list[float]] = {}
         print("| split | device | gap before | measured | predicted | ratio |\n|---|---|---|---|---|---|")
         for k, m in enumerate(meas):
@@ -91,8 +102,10 @@ def main() -> int:
             by.setdefault(L["nodes"][k], [0.0, 0.0])
             by[L["nodes"][k]][0] += m
             by[L["nodes"][k]][1] += p if p == p else 0.0
-        print("per device, measured / predicted in sum: " +
-              ", ".join(f"{d} {m:.2f} / {p:.2f} = {m / p:.3f}" for d, (m, p) in by.items()))
+        print(
+            "per device, measured / predicted in sum: "
+            + ", ".join(f"{d} {m:.2f} / {p:.2f} = {m / p:.3f}" for d, (m, p) in by.items())
+        )
     close(loads)
     return 0
 

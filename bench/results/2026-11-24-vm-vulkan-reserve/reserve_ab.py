@@ -18,12 +18,21 @@ import time
 
 
 def one(path: str, ngl: int, n: int, reserve: bool) -> dict:
-    from oallama import _core  # first: it points llama_cpp at oallama's patched libllama
-
     import llama_cpp
 
-    llm = llama_cpp.Llama(path, n_gpu_layers=ngl, n_ctx=256, n_batch=n, n_ubatch=n, n_threads=1,
-                          n_threads_batch=1, flash_attn=False, verbose=False)
+    from oallama import _core  # first: it points llama_cpp at oallama's patched libllama
+
+    llm = llama_cpp.Llama(
+        path,
+        n_gpu_layers=ngl,
+        n_ctx=256,
+        n_batch=n,
+        n_ubatch=n,
+        n_threads=1,
+        n_threads_batch=1,
+        flash_attn=False,
+        verbose=False,
+    )
     if reserve:
         _core.reserve(_core.Context(llm._ctx))
     toks = [1 + (7 * k) % 200 for k in range(n + 40)]
@@ -38,11 +47,15 @@ def one(path: str, ngl: int, n: int, reserve: bool) -> dict:
         prompt.append((time.perf_counter() - t0) * 1e3)
     for k in range(9):
         t0 = time.perf_counter()
-        llm.eval(toks[n + k:n + k + 1])
+        llm.eval(toks[n + k : n + k + 1])
         llama_cpp.llama_synchronize(ctx)
         decode.append((time.perf_counter() - t0) * 1e3)
     llm.close()
-    return {"reserve": reserve, "prompt_ms": statistics.median(prompt[1:]), "decode_ms": statistics.median(decode[1:])}
+    return {
+        "reserve": reserve,
+        "prompt_ms": statistics.median(prompt[1:]),
+        "decode_ms": statistics.median(decode[1:]),
+    }
 
 
 if __name__ == "__main__":
@@ -53,8 +66,13 @@ if __name__ == "__main__":
     out = []
     for r in range(rounds):
         for reserve in (False, True):
-            p = subprocess.run([sys.executable, __file__, "--one", path, str(ngl), str(n), "1" if reserve else "0"],
-                               capture_output=True, text=True, check=True, env=os.environ)
+            p = subprocess.run(
+                [sys.executable, __file__, "--one", path, str(ngl), str(n), "1" if reserve else "0"],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=os.environ,
+            )
             rec = json.loads(p.stdout.strip().splitlines()[-1])
             rec.update(round=r, load_avg=os.getloadavg()[0])
             out.append(rec)
@@ -62,5 +80,7 @@ if __name__ == "__main__":
     for key in ("prompt_ms", "decode_ms"):
         a = statistics.median(x[key] for x in out if not x["reserve"])
         b = statistics.median(x[key] for x in out if x["reserve"])
-        print(f"# {os.path.basename(path)} ngl={ngl} n={n} {key}: stock {a:.2f}, reserved {b:.2f}, "
-              f"stock/reserved {a / b:.3f}")
+        print(
+            f"# {os.path.basename(path)} ngl={ngl} n={n} {key}: stock {a:.2f}, reserved {b:.2f}, "
+            f"stock/reserved {a / b:.3f}"
+        )

@@ -51,15 +51,21 @@ def main() -> int:
         if pin != "none":
             for tid in os.listdir(f"/proc/{srv.pid}/task"):  # every thread of the server
                 os.sched_setaffinity(int(tid), {0} if pin == "same" else {1})
-        common = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234)
+        common = dict(
+            n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234
+        )
         if label.startswith("plan file"):
             text = next(RAW.glob(f"{label.split()[-1]}*.plan.json")).read_text()
             path = Path(f"/tmp/variants-{label.split()[-1]}.plan.json")
             path.write_text(text.replace(json.loads(text)["accelerator"], srv.device_name))
             llm = Llama(MODEL, placement=str(path), **common)
         else:
-            llm = Llama(MODEL, devices=[srv.device_name], placement={w: srv.device_name for w, r in on.items() if r},
-                        **common)
+            llm = Llama(
+                MODEL,
+                devices=[srv.device_name],
+                placement={w: srv.device_name for w, r in on.items() if r},
+                **common,
+            )
         loads.append({"label": label, "llm": llm, "srv": srv, "toks": prompt_tokens(llm, 64), "U": []})
     for r in range(rounds):
         for L in loads if r % 2 == 0 else loads[::-1]:
@@ -69,7 +75,9 @@ def main() -> int:
     print("| placement | decode pass median | p10 | p90 |\n|---|---|---|---|")
     for L in loads:
         u = sorted(L["U"])
-        print(f"| {L['label']} | {statistics.median(u):.3f} | {u[len(u) // 10]:.3f} | {u[len(u) * 9 // 10]:.3f} |")
+        print(
+            f"| {L['label']} | {statistics.median(u):.3f} | {u[len(u) // 10]:.3f} | {u[len(u) * 9 // 10]:.3f} |"
+        )
         L["llm"].close()
         L["srv"].stop()
     return 0

@@ -50,9 +50,18 @@ def client_windows() -> dict[str, dict[str, int]]:
             host, port = s.getpeername()[:2]
             peer = f"{host}:{port}"
             raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-            rto, rtt, rttvar, ssthresh, cwnd = (struct.unpack_from("I", raw, o)[0] for o in (8, 68, 72, 76, 80))
+            rto, rtt, rttvar, ssthresh, cwnd = (
+                struct.unpack_from("I", raw, o)[0] for o in (8, 68, 72, 76, 80)
+            )
             cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
-            out[peer] = {"cwnd": cwnd, "ssthresh": ssthresh, "rto_us": rto, "rtt_us": rtt, "rttvar_us": rttvar, "cc": cc}
+            out[peer] = {
+                "cwnd": cwnd,
+                "ssthresh": ssthresh,
+                "rto_us": rto,
+                "rtt_us": rtt,
+                "rttvar_us": rttvar,
+                "cc": cc,
+            }
         except OSError:
             pass
         finally:
@@ -64,14 +73,19 @@ def server_windows(namespaces: list[str]) -> dict[str, dict[str, int]]:
     """namespace -> the rpc-server's send window toward the client (ss -tin)."""
     out = {}
     for ns in namespaces:
-        txt = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tin", "state", "established"],
-                             capture_output=True, text=True).stdout
+        txt = subprocess.run(
+            ["ip", "netns", "exec", ns, "ss", "-tin", "state", "established"], capture_output=True, text=True
+        ).stdout
         m = re.search(r"cwnd:(\d+)", txt)
         t = re.search(r"ssthresh:(\d+)", txt)
         r = re.search(r"rto:([\d.]+)", txt)
         c = re.search(r"\s(bbr|cubic|reno)\s", txt)
-        out[ns] = {"cwnd": int(m.group(1)) if m else -1, "ssthresh": int(t.group(1)) if t else -1,
-                   "rto_ms": float(r.group(1)) if r else -1.0, "cc": c.group(1) if c else "?"}
+        out[ns] = {
+            "cwnd": int(m.group(1)) if m else -1,
+            "ssthresh": int(t.group(1)) if t else -1,
+            "rto_ms": float(r.group(1)) if r else -1.0,
+            "cc": c.group(1) if c else "?",
+        }
     return out
 
 
@@ -92,8 +106,15 @@ def main() -> int:
                 time.sleep(idle)
                 g = timed_generate(llm, tokens, 16)
                 after = {"client": client_windows(), "server": server_windows(ns)}
-                rec = {"round": r, "idle_s": idle, "ttft_ms": g.ttft_s * 1e3, "tpot_ms": g.tpot_s * 1e3,
-                       "before": before, "after": after, "load": os.getloadavg()[0]}
+                rec = {
+                    "round": r,
+                    "idle_s": idle,
+                    "ttft_ms": g.ttft_s * 1e3,
+                    "tpot_ms": g.tpot_s * 1e3,
+                    "before": before,
+                    "after": after,
+                    "load": os.getloadavg()[0],
+                }
                 recs.append(rec)
                 print(json.dumps({k: rec[k] for k in ("round", "idle_s", "ttft_ms", "tpot_ms")}), flush=True)
     finally:

@@ -20,9 +20,16 @@ from oallama.cluster.problem import BlockTimes
 
 def times_from_json(doc: dict) -> BlockTimes:
     ints = lambda m: {int(k): v for k, v in m.items()}  # noqa: E731
-    return BlockTimes(doc["threads"], {int(k): tuple(v) for k, v in doc["block_us"].items()}, ints(doc["rest_us"]),
-                      ints(doc["matmul_flops"]), n_past=doc["n_past"], rpc_block_us=ints(doc["rpc_block_us"]),
-                      visit_bytes_up=ints(doc["visit_bytes_up"]), visit_bytes_down=ints(doc["visit_bytes_down"]))
+    return BlockTimes(
+        doc["threads"],
+        {int(k): tuple(v) for k, v in doc["block_us"].items()},
+        ints(doc["rest_us"]),
+        ints(doc["matmul_flops"]),
+        n_past=doc["n_past"],
+        rpc_block_us=ints(doc["rpc_block_us"]),
+        visit_bytes_up=ints(doc["visit_bytes_up"]),
+        visit_bytes_down=ints(doc["visit_bytes_down"]),
+    )
 
 
 def main() -> None:
@@ -36,8 +43,10 @@ def main() -> None:
     for f in sorted(a.dir.glob("result-*.json")):
         res = json.loads(f.read_text())
         wl = res["workload"]
-        cost = replace(D.model_cost(a.model, (1, wl["n_prompt"]), n_ctx=wl["n_ctx"]),
-                       times=times_from_json(res["block_times"]))
+        cost = replace(
+            D.model_cost(a.model, (1, wl["n_prompt"]), n_ctx=wl["n_ctx"]),
+            times=times_from_json(res["block_times"]),
+        )
         cluster = D.read_devices(a.dir / res["devices_file"])
         opts = D.DistOptions(n_prompt=wl["n_prompt"], n_gen=wl["n_gen"], n_ctx=wl["n_ctx"])
         if a.tcp_iw is not None:
@@ -55,12 +64,16 @@ def main() -> None:
             errs["ttft"].append(abs(e1))
             errs["tpot"].append(abs(e2))
             st = p.stages["prefill"]
-            print(f"{res['label']:18s} {run['strategy']:7s} TTFT {run['measured_ttft_s'] * 1e3:6.1f} pred "
-                  f"{p.ttft_s * 1e3:6.1f} ({e1:+5.1f}%; committed {run['predicted_ttft_s'] * 1e3:6.1f}) "
-                  f"[compute {st['compute_s'] * 1e3:.1f} transfer {st['transfer_s'] * 1e3:.1f}]  "
-                  f"TPOT {run['measured_tpot_s'] * 1e3:6.2f} pred {p.tpot_s * 1e3:6.2f} ({e2:+5.1f}%)")
+            print(
+                f"{res['label']:18s} {run['strategy']:7s} TTFT {run['measured_ttft_s'] * 1e3:6.1f} pred "
+                f"{p.ttft_s * 1e3:6.1f} ({e1:+5.1f}%; committed {run['predicted_ttft_s'] * 1e3:6.1f}) "
+                f"[compute {st['compute_s'] * 1e3:.1f} transfer {st['transfer_s'] * 1e3:.1f}]  "
+                f"TPOT {run['measured_tpot_s'] * 1e3:6.2f} pred {p.tpot_s * 1e3:6.2f} ({e2:+5.1f}%)"
+            )
     for k, v in errs.items():
-        print(f"{k}: |error| median {statistics.median(v):.1f}% p90 {np.percentile(v, 90):.1f}% max {max(v):.1f}%")
+        print(
+            f"{k}: |error| median {statistics.median(v):.1f}% p90 {np.percentile(v, 90):.1f}% max {max(v):.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -10,37 +10,72 @@ its decode pass (1 token after 32) timed four ways, and its generation loop take
 
     python handback.py ROUNDS MODEL PLAN LABEL [MODEL PLAN LABEL ...]
 """
-import json, os, statistics, sys, time
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
 from oallama import _core
+from oallama.planner.calibrate import _split_stops
+from oallama.planner.realpass import decode_walls, sync, timed_eval
+from oallama.runtime.generate import prompt_tokens, timed_generate
 from oallama.runtime.llama import Llama
 from oallama.runtime.rpc import start_server
-from oallama.runtime.generate import prompt_tokens, timed_generate
-from oallama.planner.realpass import timed_eval, decode_walls, sync
-from oallama.planner.calibrate import _split_stops
 
-R = int(sys.argv[1]); args = sys.argv[2:]
+R = int(sys.argv[1])
+args = sys.argv[2:]
 loads = []
 for k in range(0, len(args), 3):
-    m, plan, label = args[k:k + 3]
-    text = open(plan).read(); old = json.loads(text)["accelerator"]
+    m, plan, label = args[k : k + 3]
+    text = Path(plan).read_text()
+    old = json.loads(text)["accelerator"]
     srv = start_server(threads=1)
-    p = f"/tmp/handback-{k}.plan.json"; open(p, "w").write(text.replace(old, srv.device_name))
-    llm = Llama(m, placement=p, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False, seed=1234)
+    p = f"/tmp/handback-{k}.plan.json"
+    Path(p).write_text(text.replace(old, srv.device_name))
+    llm = Llama(
+        m,
+        placement=p,
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
+        seed=1234,
+    )
     toks = prompt_tokens(llm, 64)
-    with _core.NodeTimer(llm.native_context) as timer:  # attached only while it times: it is the eval callback
+    with _core.NodeTimer(
+        llm.native_context
+    ) as timer:  # attached only while it times: it is the eval callback
         nodes = timed_eval(llm, timer, toks[:32], toks[32:33], []).nodes
     stops = _split_stops(nodes)
     devs = [nodes[s].device[:3] for s in stops]
-    loads.append(dict(label=label, llm=llm, srv=srv, toks=toks, stops=stops, devs=devs, s={k: [] for k in "TUCLES"}))
+    loads.append(
+        dict(label=label, llm=llm, srv=srv, toks=toks, stops=stops, devs=devs, s={k: [] for k in "TUCLES"})
+    )
     print(f"loaded {label}: decode splits {'>'.join(devs)}", flush=True)
 
+
 def instrumented_loop(L):
-    llm = L["llm"]; ev, sa = [], []
+    llm = L["llm"]
+    ev, sa = [], []
     e0, s0 = llm.eval, llm.sample
+
     def e(tokens):
-        t = time.perf_counter(); e0(tokens); sync(llm); ev.append((len(tokens), time.perf_counter() - t))
+        t = time.perf_counter()
+        e0(tokens)
+        sync(llm)
+        ev.append((len(tokens), time.perf_counter() - t))
+
     def s(*a, **kw):
-        t = time.perf_counter(); r = s0(*a, **kw); sa.append(time.perf_counter() - t); return r
+        t = time.perf_counter()
+        r = s0(*a, **kw)
+        sa.append(time.perf_counter() - t)
+        return r
+
     llm.eval, llm.sample = e, s
     try:
         g = timed_generate(llm, L["toks"][:32], 8, temperature=0.0)
@@ -48,6 +83,7 @@ def instrumented_loop(L):
         del llm.eval, llm.sample
     dec = [t for n, t in ev if n == 1]
     return g.tpot_s * 1e3, statistics.fmean(dec) * 1e3, statistics.fmean(sa[1:]) * 1e3
+
 
 for L in loads:  # warm-up
     timed_generate(L["llm"], L["toks"][:32], 8, temperature=0.0)
@@ -68,17 +104,27 @@ for r in range(R):
         L["s"]["U"].append(timed_eval(llm, None, toks[:32], toks[32:33], []).wall_us / 1e3)
         L["s"]["C"].append(statistics.fmean(decode_walls(llm, toks, 32, 3)) / 1e3)
         tpot, e, s = instrumented_loop(L)
-        L["s"]["L"].append(tpot); L["s"]["E"].append(e); L["s"]["S"].append(s)
+        L["s"]["L"].append(tpot)
+        L["s"]["E"].append(e)
+        L["s"]["S"].append(s)
     print(f"round {r + 1}/{R} load {os.getloadavg()[0]:.2f}", flush=True)
 print(f"\n{R} rounds; medians (ms) [p25..p75]; load {os.getloadavg()}")
-print("| placement | decode splits | T timed at splits | U untimed | C consecutive | L loop TPOT | E loop eval+sync | S loop sample |")
+print(
+    "| placement | decode splits | T timed at splits | U untimed | C consecutive | L loop TPOT | E loop eval+sync | S loop sample |"
+)
 print("|---|---|---|---|---|---|---|---|")
+
+
 def q(v):
-    v = sorted(v); return f"{statistics.median(v):.2f} [{v[len(v) // 4]:.1f}..{v[(3 * len(v)) // 4]:.1f}]"
+    v = sorted(v)
+    return f"{statistics.median(v):.2f} [{v[len(v) // 4]:.1f}..{v[(3 * len(v)) // 4]:.1f}]"
+
+
 for L in loads:
     print(f"| {L['label']} | {'>'.join(L['devs'])} | " + " | ".join(q(L["s"][k]) for k in "TUCLES") + " |")
 print("\nT's splits per device, summed (ms, median):")
 for L in loads:
     print(f"  {L['label']}: " + ", ".join(f"{d} {statistics.median(v):.2f}" for d, v in L["dev"].items()))
 for L in loads:
-    L["llm"].close(); L["srv"].stop()
+    L["llm"].close()
+    L["srv"].stop()

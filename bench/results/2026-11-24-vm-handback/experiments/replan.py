@@ -4,8 +4,11 @@ bench plans a cell; each plan saved and its prediction printed beside the bench'
 
     python replan.py RESULTS_DIR CONFIG_ID OUT_PREFIX    (CONFIG_ID: any configuration of the cell)
 """
-import json, sys
+
+import json
+import sys
 from pathlib import Path
+
 sys.path.insert(0, "bench/scripts")
 import repredict
 from oallama.planner import plan as planmod
@@ -22,5 +25,7 @@ with rpc.start_server(threads=1) as srv:
         made.append(p)
         p.save(f"{out}_{s}.plan.json")
         pr = p.predicted
-        print(f"{s} @{budget}: predicted TTFT {pr['ttft_ms']:.1f} TPOT {pr['tpot_ms']:.2f} e2e {pr['e2e_ms']:.1f} ms; "
-              f"on acc {len(p.placement.on_acc)} weights, kv {p.placement.kv_layers}; {p.extra.get('winner', '')}")
+        print(
+            f"{s} @{budget}: predicted TTFT {pr['ttft_ms']:.1f} TPOT {pr['tpot_ms']:.2f} e2e {pr['e2e_ms']:.1f} ms; "
+            f"on acc {len(p.placement.on_acc)} weights, kv {p.placement.kv_layers}; {p.extra.get('winner', '')}"
+        )

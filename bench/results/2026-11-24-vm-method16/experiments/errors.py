@@ -1,14 +1,14 @@
 """Where the numbers of this directory's README come from (no model runs; reads committed results).
 
-  1. median |error| per model over each configuration's median (kept) round, for the given results
-     directories' rounds.csv (p90 as numpy.percentile);
-  2. the median signed error per (model, strategy) (negative: predicted faster than measured);
-  3. per cell (model, budget, prompt, op offload): `optimal`'s measured e2e over the best other strategy's,
-     and the same ratio predicted;
-  4. over every committed calibration: per device and pass size, the nodes timed one by one over the
-     splits run whole (method 17's SYNC_BOUND test), and the rpc-server's stored decode anchor.
+1. median |error| per model over each configuration's median (kept) round, for the given results
+   directories' rounds.csv (p90 as numpy.percentile);
+2. the median signed error per (model, strategy) (negative: predicted faster than measured);
+3. per cell (model, budget, prompt, op offload): `optimal`'s measured e2e over the best other strategy's,
+   and the same ratio predicted;
+4. over every committed calibration: per device and pass size, the nodes timed one by one over the
+   splits run whole (method 17's SYNC_BOUND test), and the rpc-server's stored decode anchor.
 
-    python errors.py DIR [DIR ...] [--model SUBSTRING ...]   (only models whose name contains one of them)
+  python errors.py DIR [DIR ...] [--model SUBSTRING ...]   (only models whose name contains one of them)
 """
 
 from __future__ import annotations
@@ -43,22 +43,33 @@ def main() -> int:
     for r in rows:
         by_model[r["model"]].append(r)
     for model, rs in [*sorted(by_model.items()), ("all", rows)]:
-        print(f"  {model} ({len(rs)}): " + ", ".join(
-            f"{m} {statistics.median(abs(err(r, m)) for r in rs):.1f} / {np.percentile([abs(err(r, m)) for r in rs], 90):.1f}"
-            for m in METRICS))
+        print(
+            f"  {model} ({len(rs)}): "
+            + ", ".join(
+                f"{m} {statistics.median(abs(err(r, m)) for r in rs):.1f} / {np.percentile([abs(err(r, m)) for r in rs], 90):.1f}"
+                for m in METRICS
+            )
+        )
     print("\n2. signed error per model and strategy, median [min, max] (%):\n")
     by_ms = collections.defaultdict(list)
     for r in rows:
         by_ms[(r["model"], r["strategy"])].append(r)
     for (model, strategy), rs in sorted(by_ms.items()):
-        print(f"  {model[:28]:28s} {strategy:9s} n={len(rs):2d} " + " ".join(
-            f"{m} {statistics.median(err(r, m) for r in rs):+6.1f} [{min(err(r, m) for r in rs):+4.0f},"
-            f"{max(err(r, m) for r in rs):+4.0f}]" for m in METRICS))
+        print(
+            f"  {model[:28]:28s} {strategy:9s} n={len(rs):2d} "
+            + " ".join(
+                f"{m} {statistics.median(err(r, m) for r in rs):+6.1f} [{min(err(r, m) for r in rs):+4.0f},"
+                f"{max(err(r, m) for r in rs):+4.0f}]"
+                for m in METRICS
+            )
+        )
     print("\n3. optimal / best other strategy, e2e of the median rounds (predicted):\n")
     cells = collections.defaultdict(dict)
     for r in rows:
         cells[(r["model"], r["budget"], r["prompt"], r["op_offload"])][r["strategy"]] = (
-            float(r["e2e_ms"]), float(r["predicted_e2e_ms"]))
+            float(r["e2e_ms"]),
+            float(r["predicted_e2e_ms"]),
+        )
     n = ok = 0
     for key, v in sorted(cells.items()):
         if "optimal" not in v or len(v) < 2:
@@ -68,8 +79,10 @@ def main() -> int:
         n, ok = n + 1, ok + (ratio <= 1.03)
         print(f"  {' '.join(key):52s} {ratio:5.3f} (best {best}; predicted {pred:5.3f})")
     print(f"  optimal ahead or within 3%: {ok} of {n}")
-    print("\n4. committed calibrations: nodes timed one by one / splits run whole, per device and pass size;"
-          " the rpc-server's decode anchor as stored:\n")
+    print(
+        "\n4. committed calibrations: nodes timed one by one / splits run whole, per device and pass size;"
+        " the rpc-server's decode anchor as stored:\n"
+    )
     anchors = []
     root = Path(__file__).resolve().parents[2]
     for f in sorted(root.glob("*/profiles/*.json")):
@@ -79,14 +92,18 @@ def main() -> int:
             ratio[(s["device"][:6], s["n_tokens"])][0] += s["ops_us"]
             ratio[(s["device"][:6], s["n_tokens"])][1] += s["split_us"]
         if ratio:
-            print(f"  {f.parent.parent.name:34s} {f.stem[:8]} " + " ".join(
-                f"{dev}@{nt}:{a / b:.1f}" for (dev, nt), (a, b) in sorted(ratio.items()) if b > 0))
+            print(
+                f"  {f.parent.parent.name:34s} {f.stem[:8]} "
+                + " ".join(f"{dev}@{nt}:{a / b:.1f}" for (dev, nt), (a, b) in sorted(ratio.items()) if b > 0)
+            )
         for dev, v in (cal.get("devices") or {}).items():
             a = (v.get("anchors") or {}).get("1")
             if dev.startswith("RPC") and a is not None:
                 anchors.append(float(a))
     low = [a for a in anchors if a < 0.5]
-    print(f"\n  rpc-server decode anchors under 0.5: {len(low)} of {len(anchors)} ({min(low):.2f}-{max(low):.2f})")
+    print(
+        f"\n  rpc-server decode anchors under 0.5: {len(low)} of {len(anchors)} ({min(low):.2f}-{max(low):.2f})"
+    )
     return 0
 
 

@@ -40,13 +40,24 @@ def main() -> int:
         srv = start_server(threads=1)
         p = Path(f"/tmp/rpc-wire-{cid}.plan.json")
         p.write_text(text.replace(plan["accelerator"], srv.device_name))
-        llm = Llama(spec["config"]["model"], placement=str(p), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
-                    n_threads_batch=1, verbose=False, seed=1234)
+        llm = Llama(
+            spec["config"]["model"],
+            placement=str(p),
+            n_ctx=256,
+            n_batch=64,
+            n_ubatch=64,
+            n_threads=1,
+            n_threads_batch=1,
+            verbose=False,
+            seed=1234,
+        )
         toks = prompt_tokens(llm, 64)
         timed_eval(llm, None, toks[:32], toks[32:33], [])
         out = Path(f"/tmp/rpc-wire-{cid}.strace")
-        st = subprocess.Popen(["strace", "-f", "-tt", "-p", str(srv.pid), "-e", "trace=network,read,write", "-o",
-                               str(out)], stderr=subprocess.DEVNULL)
+        st = subprocess.Popen(
+            ["strace", "-f", "-tt", "-p", str(srv.pid), "-e", "trace=network,read,write", "-o", str(out)],
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)
         for _ in range(N):
             timed_eval(llm, None, toks[:32], toks[32:33], [])
@@ -69,13 +80,19 @@ def main() -> int:
                 j = next((k for k in range(i + 3, len(lines)) if "sendto" in lines[k]), None)
                 if j is not None:
                     served[name].append(_us(lines[j]) - _us(lines[i + 2]))
-        label = f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
+        label = (
+            f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
+        )
         print(f"{label} ({cid}), per 1-token pass:")
         for name, k in cmds.most_common():
-            line = (f"  {name}: {k / N / 2:.1f}, payload median {statistics.median(payload[name]):.0f} B "
-                    f"({min(payload[name])}-{max(payload[name])})")
+            line = (
+                f"  {name}: {k / N / 2:.1f}, payload median {statistics.median(payload[name]):.0f} B "
+                f"({min(payload[name])}-{max(payload[name])})"
+            )
             if served.get(name):
-                line += f"; graph in -> result out on the server, median {statistics.median(served[name]):.0f} us"
+                line += (
+                    f"; graph in -> result out on the server, median {statistics.median(served[name]):.0f} us"
+                )
             print(line)
         llm.close()
         srv.stop()

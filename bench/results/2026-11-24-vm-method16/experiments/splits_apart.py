@@ -50,15 +50,28 @@ def predicted_splits(ctx, placement) -> list[tuple[bool, int, float]]:
     return [(d, n, us) for d, n, us in out]
 
 
-def prepared(label: str, llm: Llama, srv: Any, pred: list[tuple[bool, int, float]], **extra: Any) -> dict[str, Any]:
+def prepared(
+    label: str, llm: Llama, srv: Any, pred: list[tuple[bool, int, float]], **extra: Any
+) -> dict[str, Any]:
     """A loaded configuration, its decode pass's split stops found (a 1-token pass after 32 tokens)."""
     toks = prompt_tokens(llm, 64)
     with _core.NodeTimer(llm.native_context) as timer:
         nodes = timed_eval(llm, timer, toks[:32], toks[32:33], []).nodes
     stops = _split_stops(nodes)
     print(f"loaded {label}: {len(stops)} splits measured, {len(pred)} predicted", flush=True)
-    return dict(extra, label=label, llm=llm, srv=srv, toks=toks, stops=stops, pred=pred,
-                nodes=[nodes[s].device[:3] for s in stops], per=[[] for _ in stops], T=[], U=[])
+    return dict(
+        extra,
+        label=label,
+        llm=llm,
+        srv=srv,
+        toks=toks,
+        stops=stops,
+        pred=pred,
+        nodes=[nodes[s].device[:3] for s in stops],
+        per=[[] for _ in stops],
+        T=[],
+        U=[],
+    )
 
 
 def measure(loads: list[dict[str, Any]], rounds: int) -> None:
@@ -96,16 +109,31 @@ def main() -> int:
         pred = predicted_splits(ctx, repredict._placement(plan))
         p = Path(f"/tmp/splits-apart-{cid}.plan.json")
         p.write_text(text.replace(plan["accelerator"], srv.device_name))
-        llm = Llama(spec["config"]["model"], placement=str(p), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
-                    n_threads_batch=1, verbose=False, seed=1234)
-        label = f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
+        llm = Llama(
+            spec["config"]["model"],
+            placement=str(p),
+            n_ctx=256,
+            n_batch=64,
+            n_ubatch=64,
+            n_threads=1,
+            n_threads_batch=1,
+            verbose=False,
+            seed=1234,
+        )
+        label = (
+            f"{Path(spec['config']['model']).stem} {spec['config']['strategy']} @{spec['config']['budget']}"
+        )
         loads.append(prepared(label, llm, srv, pred, cid=cid))
     measure(loads, rounds)
     print(f"\n{rounds} rounds, medians (ms); load {os.getloadavg()}")
     for L in loads:
-        print(f"\n{L['label']} ({L['cid']}): pass timed at its splits {statistics.median(L['T']):.2f}, untimed "
-              f"{statistics.median(L['U']):.2f}; predicted graph {sum(us for _, _, us in L['pred']) / 1e3:.2f}")
-        print("| split | device | nodes (predicted) | measured | predicted | measured - predicted |\n|---|---|---|---|---|---|")
+        print(
+            f"\n{L['label']} ({L['cid']}): pass timed at its splits {statistics.median(L['T']):.2f}, untimed "
+            f"{statistics.median(L['U']):.2f}; predicted graph {sum(us for _, _, us in L['pred']) / 1e3:.2f}"
+        )
+        print(
+            "| split | device | nodes (predicted) | measured | predicted | measured - predicted |\n|---|---|---|---|---|---|"
+        )
         prev = 0
         for k, st in enumerate(L["stops"]):
             n = st - prev + 1
@@ -113,8 +141,10 @@ def main() -> int:
             m = statistics.median(L["per"][k])
             if k < len(L["pred"]):
                 acc, pn, us = L["pred"][k]
-                print(f"| {k} | {L['nodes'][k]} | {n} ({pn}, {'acc' if acc else 'host'}) | {m:.3f} | {us / 1e3:.3f} | "
-                      f"{m - us / 1e3:+.3f} |")
+                print(
+                    f"| {k} | {L['nodes'][k]} | {n} ({pn}, {'acc' if acc else 'host'}) | {m:.3f} | {us / 1e3:.3f} | "
+                    f"{m - us / 1e3:+.3f} |"
+                )
             else:
                 print(f"| {k} | {L['nodes'][k]} | {n} | {m:.3f} | - | - |")
     close(loads)

@@ -41,8 +41,17 @@ def role(name: str) -> str:
 
 
 def measure(model: str, layouts: dict[str, str]) -> dict[str, object]:
-    llm = Llama(model, devices=["CPU"], layouts=layouts or None, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
-                n_threads_batch=1, verbose=False)
+    llm = Llama(
+        model,
+        devices=["CPU"],
+        layouts=layouts or None,
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
+    )
     try:
         bt: dict[str, int] = defaultdict(int)
         for t in llm.tensor_placements():
@@ -66,17 +75,27 @@ def measure(model: str, layouts: dict[str, str]) -> dict[str, object]:
     roles: dict[str, float] = defaultdict(float)
     for i, v in per.items():
         roles[role(names[i])] += statistics.median(v)
-    return {"tpot_ms": statistics.fmean(walls) / 1e3, "samples_ms": [w / 1e3 for w in walls],
-            "buffer_types": dict(bt), "node_pass_ms": statistics.median(node_walls) / 1e3,
-            "matmul_ms_by_role": {k: v / 1e3 for k, v in sorted(roles.items())}}
+    return {
+        "tpot_ms": statistics.fmean(walls) / 1e3,
+        "samples_ms": [w / 1e3 for w in walls],
+        "buffer_types": dict(bt),
+        "node_pass_ms": statistics.median(node_walls) / 1e3,
+        "matmul_ms_by_role": {k: v / 1e3 for k, v in sorted(roles.items())},
+    }
 
 
 def predict(model: str, profile: Path, variants: dict[str, dict[str, str]]) -> dict[str, object]:
     prof = Profile.from_json(json.loads(profile.read_text()), profile)
     with rpc.start_server(threads=1) as srv:
         prof = prof.renamed([n if n == "CPU" else srv.device_name for n in prof.devices])
-        ctx = planmod.build_context(model, srv.device_name, planmod.Workload(32, 8, "e2e", 64), profile=prof, threads=1,
-                                    progress=False)
+        ctx = planmod.build_context(
+            model,
+            srv.device_name,
+            planmod.Workload(32, 8, "e2e", 64),
+            profile=prof,
+            threads=1,
+            progress=False,
+        )
         pm = ctx.passes[1]
         # method <= 23: one factor over the plain one-op times; method 24: each shape's plain / repacked ratio
         out: dict[str, object] = {"plain_ratios": plain_ratios(pm)}
@@ -89,8 +108,11 @@ def predict(model: str, profile: Path, variants: dict[str, dict[str, str]]) -> d
                 layout = lay.get(w, pm.default_layout.get(i)) if w else None
                 t = pm.t_layout[i].get(layout, pm.t_host[i]) if i in pm.t_layout and layout else pm.t_host[i]
                 roles[role(node.name)] += t
-            out[name] = {"tpot_ms": c.total_us / 1e3, "compute_ms": c.compute_us / 1e3,
-                         "matmul_ms_by_role": {k: v / 1e3 for k, v in sorted(roles.items())}}
+            out[name] = {
+                "tpot_ms": c.total_us / 1e3,
+                "compute_ms": c.compute_us / 1e3,
+                "matmul_ms_by_role": {k: v / 1e3 for k, v in sorted(roles.items())},
+            }
         return out
 
 
@@ -99,8 +121,15 @@ if __name__ == "__main__":
     chosen = dict(json.loads(Path(plan_path).read_text())["layouts"])
     variants = {"default": {}, "plan": chosen, "plain": {w: "CPU" for w in chosen}}
     pred = predict(model, profile, variants)
-    print(json.dumps({"predicted": pred, "plan_layouts": {v: sum(1 for x in chosen.values() if x == v)
-                                                          for v in set(chosen.values())}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "predicted": pred,
+                "plan_layouts": {v: sum(1 for x in chosen.values() if x == v) for v in set(chosen.values())},
+            }
+        ),
+        flush=True,
+    )
     rows = []
     for r in range(rounds):
         for name, lay in variants.items():
