@@ -288,14 +288,15 @@ def build_app(opts: ServeOptions, *, rpc_device: str | None = None) -> ServedApp
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     # llama_cpp.server's model list, with how the model formats chats (a base model: says so)
-    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/models"]
-
     @app.get("/v1/models", tags=["OpenAI V1"], summary="Models", dependencies=[Depends(upstream_app.authenticate)])
     async def models() -> JSONResponse:
         chat = report["chat"]
         entry = {"id": alias, "object": "model", "owned_by": "me", "permissions": [], "chat_format": chat["format"],
                  "chat_template": chat["template"], **({"warning": chat["warning"]} if chat["warning"] else {})}
         return JSONResponse({"object": "list", "data": [entry]})
+
+    # first, ahead of llama_cpp.server's own /v1/models (its router's routes are matched in order)
+    app.router.routes.insert(0, app.router.routes.pop())
 
     @app.get("/placement", tags=["oallama"], summary="Where the model's weights are, and the plan",
              dependencies=[Depends(upstream_app.authenticate)])
