@@ -244,15 +244,26 @@ def greedy_tokens(llm: Any, prompt: str, n: int) -> list[int]:
 
 @dataclass
 class RealRun:
-    """A plan's predicted and measured TTFT / TPOT (ms; measured: median of the timed generations)."""
+    """A plan's predicted and measured TTFT / TPOT (ms; measured: median of the timed generations,
+    `samples`: each round's, in order)."""
 
     label: str
     predicted: dict[str, float]
     measured: dict[str, float]
+    samples: dict[str, list[float]]
 
     def ratio(self, metric: str) -> float:
         """measured / predicted (> 1: the run was slower than the model said)."""
         return self.measured[metric] / self.predicted[metric]
+
+    def ratio_to(self, ref: RealRun, metric: str) -> float:
+        """(measured / predicted) over the reference's, from the median of each round's pair: two
+        generations a few ms apart share the VM's state of that moment, which the medians of whole
+        runs do not (a slow stretch of seconds falls on some rounds of one plan only)."""
+        import statistics
+
+        per_round = [a / b for a, b in zip(self.samples[metric], ref.samples[metric], strict=True)]
+        return statistics.median(per_round) * ref.predicted[metric] / self.predicted[metric]
 
 
 def real_runs(model: Path, plans: dict[str, Any], reps: int = 5, **load: Any) -> list[RealRun]:
@@ -286,7 +297,8 @@ def real_runs(model: Path, plans: dict[str, Any], reps: int = 5, **load: Any) ->
                     samples[label]["ttft_ms"].append(g.ttft_s * 1e3)
                     samples[label]["tpot_ms"].append(g.tpot_s * 1e3)
     return [RealRun(label, {m: float(plan.predicted[m]) for m in ("ttft_ms", "tpot_ms")},
-                    {m: statistics.median(v) for m, v in samples[label].items()}) for label, plan in plans.items()]
+                    {m: statistics.median(v) for m, v in samples[label].items()}, samples[label])
+            for label, plan in plans.items()]
 
 
 # a run's measured / predicted against the reference run's, within this factor either way: what a
@@ -310,8 +322,8 @@ SUB_MS = 1.0  # ms
 def assert_runs_as_predicted(runs: list[RealRun], tolerance: float = PREDICTION_TOLERANCE,
                              absolute: float = ABSOLUTE_TOLERANCE) -> None:
     """Every run's TTFT and TPOT within `absolute` of its prediction (or SUB_MS ms), and against
-    the last run (the reference: one generation of each in turn, so the machine's drift cancels)
-    within `tolerance` of the ratio predicted: what a planner ranks placements by, for the passes
+    the last run (the reference: each round's generations of the two paired, so the machine's drift
+    cancels; `RealRun.ratio_to`) within `tolerance` of the ratio predicted: what a planner ranks placements by, for the passes
     both predict at SUB_MS or more. Printed for -s / failures."""
     print("; ".join(f"{r.label}: TTFT {r.measured['ttft_ms']:.2f} ms (predicted {r.predicted['ttft_ms']:.2f}), "
                     f"TPOT {r.measured['tpot_ms']:.2f} ({r.predicted['tpot_ms']:.2f})" for r in runs))
@@ -322,5 +334,5 @@ def assert_runs_as_predicted(runs: list[RealRun], tolerance: float = PREDICTION_
                 (r.label, metric, r.predicted, r.measured)
             if min(r.predicted[metric], ref.predicted[metric]) < SUB_MS:
                 continue
-            rel = r.ratio(metric) / ref.ratio(metric)
+            rel = r.ratio_to(ref, metric)
             assert 1 / tolerance < rel < tolerance, (r.label, "against", ref.label, metric, rel)

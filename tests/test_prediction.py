@@ -11,6 +11,7 @@ weight matmuls, put these decode passes at a fraction of their time). The benchm
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,14 @@ def mid(synth_model) -> Path:
     return synth_model("mid", "q8_0", n_layer=4)
 
 
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[rpc.RpcServer]:
+    """An rpc-server of this module's own: the session's has served every earlier test's clients,
+    and what is timed here is a server in the state these plans leave it in, nothing older."""
+    with rpc.start_server(threads=1) as server:
+        yield server
+
+
 @pytest.mark.parametrize("preset", ["tiny", "mid"])
 def test_cpu_only_plan_runs_as_predicted(synth_model, preset: str) -> None:
     """The CPU alone: the tiny model's sub-millisecond decode is mostly what is not a weight matmul
@@ -45,8 +54,8 @@ def test_cpu_only_plan_runs_as_predicted(synth_model, preset: str) -> None:
 
 @pytest.mark.parametrize("strategy,budget", [("layers", "50%"), ("layers", "100%"), ("optimal", "50%")],
                          ids=lambda v: str(v))
-def test_rpc_plan_runs_as_predicted(mid: Path, rpc_server: rpc.RpcServer, strategy: str, budget: str) -> None:
-    ctx = build_context(mid, rpc_server.device_name, WORKLOAD, threads=1, progress=False)
+def test_rpc_plan_runs_as_predicted(mid: Path, own_server: rpc.RpcServer, strategy: str, budget: str) -> None:
+    ctx = build_context(mid, own_server.device_name, WORKLOAD, threads=1, progress=False)
     assert ctx.profile.calibration is not None
     plan = make_plan(ctx, strategy, budget)
     if strategy == "layers":  # layers on the rpc-server: every pass crosses the loopback
