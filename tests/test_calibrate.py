@@ -14,6 +14,7 @@ import statistics
 from contextlib import closing
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +175,70 @@ def test_opfit_recovers_a_line() -> None:
     # a negative intercept is refitted through the origin: no op costs less than nothing
     g = OpFit.fit([(10.0, 1.0), (20.0, 4.0), (30.0, 7.0)])
     assert g.a_us == 0.0 and g.b_us == pytest.approx((10 * 1 + 20 * 4 + 30 * 7) / (100 + 400 + 900))
+
+
+class _OneOpTimes:
+    """What `fit` asks of a profile: each weight matmul's one-op time (us) by shape and columns."""
+
+    def __init__(self, times: dict[tuple[tuple[int, ...], int], float]) -> None:
+        self.times = times
+
+    def compute_us(self, device: str, op: Any, active: float | None = None) -> float:
+        return self.times[(op.weight_shape, op.n_tokens)]
+
+
+@pytest.mark.parametrize("jitter_us", [0.0, 2.0], ids=lambda v: f"jitter{v:g}us")
+def test_the_fit_recovers_the_terms_synthetic_passes_were_made_of(jitter_us: float) -> None:
+    """Passes of 1, 32 and 128 tokens built from known terms (a node timed alone pays h = 12 us; ADD,
+    SOFT_MAX and an activation matmul cost a + b * work; weight matmuls run 1.25x their one-op time;
+    outside the graph a prompt pays 300 us + 7 us a token, a decode 150 us), each node's time alone
+    off by up to `jitter_us` either way (a timer's wake-up): the fit must give the terms back."""
+    import random
+
+    rng = random.Random(11)
+    h, view_us, scale = 12.0, 4.0, 1.25
+    lines = {"ADD": (1.5, 2e-4), "SOFT_MAX": (3.0, 5e-4), "MUL_MAT": (2.0, 1e-3)}  # op -> (a us, b us / work)
+    shapes = [(1024, 1024), (1024, 4096), (4096, 1024)]
+    one_op: dict[tuple[tuple[int, ...], int], float] = {}
+    points: list[dict[str, Any]] = []
+    splits: list[dict[str, Any]] = []
+    for n in (1, 32, 128):
+        base = {"load": "host", "n_tokens": n, "n_past": 64, "split": 0, "device": "CPU"}
+        nodes: list[tuple[dict[str, Any], float]] = []  # (point, true time in a whole pass)
+        for i in range(8):
+            op = ("ADD", "SOFT_MAX", "MUL_MAT")[i % 3]
+            w = 4096.0 * n * (i + 1) * (8 if op == "MUL_MAT" else 1)
+            a, b = lines[op]
+            nodes.append(({**base, "op": op, "weight_type": "", "work": w, "src0_ne": [64, 64, 1, 1]}, a + b * w))
+        for k, m in shapes:
+            t = 0.05 * k * m / 1024 * (1 + n / 16)  # us: grows with the weight and the columns
+            one_op[((k, m), n)] = t
+            nodes.append(({**base, "op": "MUL_MAT", "weight_type": "q8_0", "work": 0.0, "src0_ne": [k, m, 1, 1],
+                           "cols": n}, scale * t))
+        for p, true in nodes:
+            points.append({**p, "us": h + true + rng.uniform(-jitter_us, jitter_us)})
+        points.append({**base, "op": "VIEW", "weight_type": "", "work": 0.0, "us": view_us})
+        splits.append({**base, "n_ops": len(nodes), "n_views": 1, "split_us": view_us + sum(t for _, t in nodes),
+                       "ops_us": sum(p["us"] for p in points[-len(nodes) - 1:-1])})
+    overheads = [(1, 150.0), (32, 300.0 + 7 * 32), (128, 300.0 + 7 * 128)]
+    cal = fit(points, overheads, _OneOpTimes(one_op), splits)
+    dc = cal.devices["CPU"]
+    exact = jitter_us == 0
+    # to within a node's jitter or a few percent: what the data holds
+    assert dc.node_overhead_us == pytest.approx(h, rel=1e-6, abs=jitter_us)
+    for op, (a, b) in lines.items():
+        assert dc.ops[op].b_us == pytest.approx(b, rel=1e-6 if exact else 0.05), op
+        for w in (4096.0, 4096.0 * 128 * 8):  # the intercept, a few us, judged by the times it gives
+            assert dc.node_time_us(op, w, 32) == pytest.approx(a + b * w, rel=1e-6 if exact else 0.05,
+                                                               abs=jitter_us), (op, w)
+    for n in (1, 32, 128):
+        for k, m in shapes:
+            key = f"MUL_MAT:q8_0:{k}x{m}"
+            # one node's ratio: within its jitter, h's error and the pass's anchor (each up to about
+            # a node's jitter) over its time
+            rel = 1e-6 + 3 * jitter_us / (scale * one_op[((k, m), n)])
+            assert dc.scale_for(n, key) == pytest.approx(scale, rel=rel), (n, key)
+    assert (cal.pass_a_us, cal.pass_b_us, cal.decode_us) == pytest.approx((300.0, 7.0, 150.0))
 
 
 def test_node_overhead_from_splits() -> None:

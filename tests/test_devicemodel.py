@@ -97,3 +97,35 @@ def test_the_device_model_follows_an_rpc_server_to_another_port() -> None:
     assert cal.detached_us("RPC[127.0.0.1:6000]", 4) == pytest.approx(22.0)
     assert cal.pass_overhead_us(1) == pytest.approx(50.0 + 32.0)
     assert cal.pass_overhead_us(10) == pytest.approx(100.0 + 32.0 + 20.0)
+
+
+def test_a_model_of_the_references_shapes_takes_its_matmul_times_from_the_device_model(
+        runs: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_q8: Path) -> None:
+    """The device model keeps the reference's one-op weight matmul times: a model of the same widths
+    and types (here a shape-only twin of the reference) times none of its own; one of other widths
+    times its own, and only those."""
+    timed: list[tuple[str, tuple[int, ...]]] = []  # weight matmuls timed once the device model exists
+    time_op = profilemod.time_op
+
+    def spy(device: str, op: str, wtype: str, shape: tuple[int, ...], *a: Any, **kw: Any) -> Any:
+        if any(devicemodel.cache_dir().glob("*.json")):  # not the characterisation's own profile
+            timed.append((wtype, shape))
+        return time_op(device, op, wtype, shape, *a, **kw)
+
+    def signatures(keys: Any) -> set[tuple[str, tuple[int, ...]]]:
+        return {(k.split(":")[1], tuple(map(int, k.split(":")[2].split("x")))) for k in keys}
+
+    monkeypatch.setattr(profilemod, "time_op", spy)
+    twin = synthetic.write_model(tmp_path / "twin.gguf", "tiny", "q8_0", shape_only=True, progress=False)
+    ctx = planmod.build_context(twin, None, WORKLOAD, threads=1, progress=False)
+    assert runs["calibrated"] == [str(tiny_q8)]  # the devices characterised on the reference
+    dm = devicemodel.lookup(["CPU"], profilemod.default_settings(1))
+    assert dm is not None and signatures(ctx.profile.ops["CPU"]) <= signatures(dm.matmuls["ops"]["CPU"])
+    assert timed == []
+    for key, stats in ctx.profile.ops["CPU"].items():
+        assert stats["median_us"] == dm.matmuls["ops"]["CPU"][key]["median_us"], key
+
+    wider = synthetic.write_model(tmp_path / "wider.gguf", "mid", "q8_0", n_layer=2, shape_only=True, progress=False)
+    ctx2 = planmod.build_context(wider, None, WORKLOAD, threads=1, progress=False)
+    own = signatures(ctx2.profile.ops["CPU"])
+    assert timed and set(timed) == own - signatures(dm.matmuls["ops"]["CPU"])

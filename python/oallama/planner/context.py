@@ -294,7 +294,7 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
             progress=progress, calibration="model"), progress=progress)
     if dm is None:
         return profile_model(path, devices, **kw)
-    prof = profile_model(path, devices, calibrated=False, **kw)
+    prof = profile_model(path, devices, calibrated=False, known=dm.known_times(devices), **kw)
     prof.calibration = dm.calibration(list(prof.devices), devicemodel.n_vocab(model))
     n_expert = int(model.hparam("expert_count", 0) or 0)
     if n_expert and not model.shape_only:  # which experts a pass touches: the model's own (one host pass)

@@ -17,6 +17,9 @@ terms that describe the devices rather than that model, and costs any other mode
               of each, sampling the token grows with the vocabulary: `sample_us_per_id` * n_vocab
   per link    streamed weights (latency us, bytes/us), a change of device (us per split), and
               what an attached rpc-server costs a pass that does not use it (`detached`, us)
+  matmuls     the reference's one-op weight matmul times (per device, and per host layout): a
+              model with the same weight shapes and types (an 8B of Llama 3's widths) takes them
+              rather than timing them again (profile.KnownTimes)
 
 The reference's per-pass-size anchors and per-shape shares (corrections to that model's passes),
 its plain-layout ratios (per shape: a new model's one-op plain times stand) and a mixture of
@@ -48,9 +51,9 @@ from ..errors import ProfileError
 from ..model import gguf_file
 from ..runtime import devices as devmod
 from .calfit import Calibration, DeviceCalibration, OpFit
-from .profile import Settings, build_info, device_identity
+from .profile import KnownTimes, Settings, build_info, device_identity
 
-VERSION = 1  # of the device model's terms: part of its cache key
+VERSION = 2  # of the device model's terms: part of its cache key; 2: matmuls
 REFERENCE = ("llama3-8b", "q4_k_m", 2)  # preset, type, layers of the model the devices are characterised on
 SCHEMA = "oallama.devicemodel/1"
 
@@ -85,6 +88,8 @@ class DeviceModel:
     links: dict[str, dict[str, float]]  # accelerator -> split_us, stream_latency_us, stream_bytes_per_us
     detached: dict[str, list[float]]  # accelerator -> (a, b): us = a + b * n_tokens
     reference: dict[str, Any]  # the reference model, its n_vocab, the characterisation's seconds
+    # the reference's one-op weight matmul times: {"ops": device -> op key -> stats, "layouts": layout -> ...}
+    matmuls: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
 
     def calibration(self, names: list[str], vocab: int) -> Calibration:
@@ -101,6 +106,12 @@ class DeviceModel:
         cal.links = {ren.get(d, d): dict(v) for d, v in self.links.items()}
         return cal
 
+    def known_times(self, names: list[str]) -> KnownTimes:
+        """The reference's one-op matmul times under today's device names (as `calibration`)."""
+        ren = dict(zip(self.names, names, strict=False))
+        return KnownTimes({ren.get(d, d): dict(t) for d, t in self.matmuls.get("ops", {}).items()},
+                          {lay: dict(t) for lay, t in self.matmuls.get("layouts", {}).items()})
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
@@ -111,7 +122,7 @@ class DeviceModel:
         try:
             return DeviceModel(doc["key"], list(doc["names"]), dict(doc["terms"]), dict(doc["outside"]),
                                dict(doc["links"]), dict(doc["detached"]), dict(doc["reference"]),
-                               float(doc.get("created", 0.0)))
+                               dict(doc.get("matmuls", {})), float(doc.get("created", 0.0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"{path}: corrupt device model ({type(e).__name__}: {e})") from None
 
@@ -131,11 +142,12 @@ def lookup(devices: list[str], settings: Settings) -> DeviceModel | None:
 
 
 def from_reference(key: str, names: list[str], cal: Calibration, *, split_us: float | None,
-                   stream: Any | None, sample_us: float, vocab: int, reference: dict[str, Any]) -> DeviceModel:
+                   stream: Any | None, sample_us: float, vocab: int, reference: dict[str, Any],
+                   matmuls: dict[str, dict[str, dict[str, Any]]] | None = None) -> DeviceModel:
     """The device terms of a reference model's calibration `cal` (names: its devices, the CPU
     first), with the split cost and streamed-weight link its planning context derived from it
     (`context.split_cost`, `context.stream_link`: None where not measured) and the time of
-    sampling one token from its `vocab` logits (us)."""
+    sampling one token from its `vocab` logits (us); matmuls: its one-op weight matmul times."""
     terms = {d: {"node_overhead_us": dc.node_overhead_us, "matmul_scale": dc.matmul_scale, "n_matmuls": dc.n_matmuls,
                  "ops": {op: asdict(f) for op, f in dc.ops.items()}} for d, dc in cal.devices.items()}
     decode = cal.decode_us if cal.decode_us is not None else cal.pass_overhead_us(1)
@@ -150,7 +162,7 @@ def from_reference(key: str, names: list[str], cal: Calibration, *, split_us: fl
             ln["stream_latency_us"], ln["stream_bytes_per_us"] = float(stream.latency_us), float(stream.bytes_per_us)
         links[acc] = ln
     return DeviceModel(key, list(names), terms, outside, links, {d: list(v) for d, v in cal.detached.items()},
-                       reference)
+                       reference, matmuls or {})
 
 
 def reference_model(progress: bool = True) -> Path:
@@ -206,7 +218,11 @@ def characterise(devices: list[str], settings: Settings, plan_reference: Callabl
     dm = from_reference(device_key(devices, settings), list(ctx.profile.devices), cal, split_us=ctx.split_us,
                         stream=ctx.stream, sample_us=_sample_us(ref, settings.threads), vocab=vocab,
                         reference={"model": str(ref), "identity": info.identity(), "n_vocab": vocab,
-                                   "calibration_s": cal.elapsed_s, "elapsed_s": 0.0})
+                                   "calibration_s": cal.elapsed_s, "elapsed_s": 0.0},
+                        matmuls={"ops": {d: {k: v for k, v in t.items() if k.startswith("MUL_MAT:")}
+                                         for d, t in ctx.profile.ops.items()},
+                                 "layouts": {lay: {k: v for k, v in t.items() if k.startswith("MUL_MAT:")}
+                                             for lay, t in ctx.profile.layouts.items()}})
     dm.reference["elapsed_s"] = time.perf_counter() - t0
     path = dm.save()
     if progress:

@@ -338,6 +338,15 @@ class Profile:
         return prof
 
 
+@dataclass
+class KnownTimes:
+    """One-op weight matmul times measured before with the same devices and settings (a device
+    model's, devicemodel.py), for `measure` to take rather than time again."""
+
+    ops: dict[str, dict[str, dict[str, Any]]]  # device -> op key -> stats, as Profile.ops
+    layouts: dict[str, dict[str, dict[str, Any]]]  # host layout -> op key -> stats, as Profile.layouts
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -452,9 +461,13 @@ def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str
 
 
 def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
-            progress: bool = True) -> Profile:
-    """Time every target op signature of `inv` on every device, and the host<->device links."""
+            progress: bool = True, known: KnownTimes | None = None) -> Profile:
+    """Time every target op signature of `inv` on every device, and the host<->device links.
+    known: one-op times already measured on these devices with these settings (a device model's,
+    devicemodel.py; its devices under today's names): a weight matmul it has at every column count
+    is taken from it, not timed again."""
     t_start = time.perf_counter()
+    reused = 0
     devs = [devmod.resolve(d) for d in devices]
     sigs = signatures(inv)
     shapes = shapes_hash(inv)
@@ -487,6 +500,13 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             elif op != "MUL_MAT":
                 raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
                                    f"{sorted(routed.get((op, wtype, shape), ()))})")
+            if op == "MUL_MAT" and known is not None:
+                left = _take_known(known, d.name, d.is_host, op, wtype, shape, cols, ops[d.name], layouts)
+                reused += len(cols) - len(left)
+                if not left:
+                    done += 1
+                    continue
+                cols = left
             try:
                 res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
                                       settings.repack, host_of)
@@ -522,12 +542,26 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                     pts.append((b, statistics.median(r.samples_us)))
                 links[d.name][direction] = Link.fit(pts)
     if progress:
-        print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s".ljust(100),
-              file=sys.stderr, flush=True)
+        print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s"
+              f"{f' ({reused} op timings from the device model)' if reused else ''}".ljust(100), file=sys.stderr, flush=True)
     prof = Profile(profile_key(shapes, devs, settings), shapes, info, settings, build_info(), ops, links,
                    layouts=layouts)
     prof.elapsed_s = time.perf_counter() - t_start
     return prof
+
+
+def _take_known(known: KnownTimes, device: str, is_host: bool, op: str, wtype: str, shape: tuple[int, ...],
+                cols: list[int], out: dict[str, dict[str, Any]], layouts: dict[str, dict[str, dict[str, Any]]]) -> list[int]:
+    """Copy a weight matmul's times at those of `cols` that `known` has into `out` (and, on the
+    host, its other layouts' into `layouts`); the column counts still to time."""
+    have = known.ops.get(device, {})
+    keys = {n: Profile.op_key(op, wtype, shape, n) for n in cols}
+    found = [k for k in keys.values() if k in have]
+    out.update({k: dict(have[k]) for k in found})
+    if is_host:
+        for lay, table in known.layouts.items():
+            layouts.setdefault(lay, {}).update({k: dict(table[k]) for k in found if k in table})
+    return [n for n, k in keys.items() if k not in have]
 
 
 def default_settings(threads: int | None, *, op_offload: bool = True, mmap: bool = True, repack: bool = True,
@@ -541,11 +575,12 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                   n_tokens: Sequence[int] = DEFAULT_TOKENS, n_ctx: int = 4096, op_offload: bool = True,
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
                   progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
-                  server_threads: int = 0) -> Profile:
+                  server_threads: int = 0, known: KnownTimes | None = None) -> Profile:
     """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
     with the same key. `threads` defaults to llama-cpp-python's default for generation.
     calibrated: also time the real graph (calibrate.py); server_threads: threads of the
-    rpc-server among `devices`, when known (part of the key: the times depend on it)."""
+    rpc-server among `devices`, when known (part of the key: the times depend on it); known:
+    one-op times to take rather than measure (`measure`)."""
     settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
                                 server_threads=server_threads)
     if inv is None:
@@ -567,7 +602,8 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             return prof
     acc = next((d.name for d in devs if not d.is_host), None)
     before = hostspeed.measure_devices(settings.threads, acc)
-    prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress)
+    prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress,
+                   known=known)
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress)
