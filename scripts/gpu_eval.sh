@@ -378,7 +378,7 @@ step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc s
     python3 -c "import sys; sys.exit(0 if $m > 0.5 else 1)" || { say "no time left for the held-out protocol: run again"; return 3; }
     say "held-out protocol (setups $setups, cells started for $m min) -> $(heldout_dir)"
     local rc=0
-    # costed from the device model (planner/devicemodel.py: the GPU characterised once, on the reference
+    # costed from the device model (planner/cost/devicemodel.py: the GPU characterised once, on the reference
     # model, before the first cell); GPU_EVAL_CALIBRATION=model: each model's own calibration, as protocol v1 ran
     $PY bench/heldout/heldout.py -o "$(heldout_dir)" --setups "$setups" "${dev[@]}" --max-minutes "$m" \
         --calibration "${GPU_EVAL_CALIBRATION:-device}" >&2 || rc=$?

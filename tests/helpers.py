@@ -57,8 +57,8 @@ def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials
     one line per trial that disagreed (empty: the model is the scheduler, node for node)."""
     import random
 
+    from oallama.planner.cost.schedmodel import HOST, NEVER, PassModel, Placement
     from oallama.planner.graph import GraphSession
-    from oallama.planner.schedmodel import HOST, NEVER, PassModel, Placement
     from oallama.runtime.place import compile_patterns
 
     kw = {"devices": [acc], "n_ctx": 256, "n_ubatch": 64}

@@ -34,8 +34,8 @@ from oallama import (
 )
 from oallama.cluster.problem import read_devices
 from oallama.model import gguf_file
-from oallama.planner.profile import SCHEMA as PROFILE_SCHEMA
-from oallama.planner.profile import Link, Profile, Settings, build_info
+from oallama.planner.cost.profile import SCHEMA as PROFILE_SCHEMA
+from oallama.planner.cost.profile import Link, Profile, Settings, build_info
 from oallama.runtime import planfile, rpc
 
 CLI_TIMEOUT_S = 180

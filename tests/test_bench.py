@@ -411,7 +411,7 @@ def test_reprofile_measures_the_profile_afresh(smoke: dict[str, Any], tmp_path: 
     assert plan["profile"] == fresh["key"]
     # saved again into a directory holding the other measurement under that key: both are kept
     from oallama.bench import profiles as bench_profiles
-    from oallama.planner.profile import Profile
+    from oallama.planner.cost.profile import Profile
 
     other = bench_profiles.save(out, Profile.load(smoke["out"] / "profiles" / f"{key}.json"))
     assert other == f"{key}-{int(cached['created'])}" and (out / "profiles" / f"{other}.json").exists()

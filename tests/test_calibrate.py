@@ -1,4 +1,4 @@
-"""Calibration in the real graph (oallama.planner.calibrate, _core.NodeTimer).
+"""Calibration in the real graph (oallama.planner.cost.calibrate, _core.NodeTimer).
 
 What is checked is behaviour, not speed: the timer sees exactly the graph the scheduler runs and
 the scheduler model costs (node for node, each on its device), split mode stops once per split,
@@ -20,7 +20,8 @@ import pytest
 
 from oallama import Llama, _core
 from oallama.errors import ClosedError
-from oallama.planner.calfit import (
+from oallama.planner.context import split_cost, stream_link
+from oallama.planner.cost.calfit import (
     MATMUL_OPS,
     VIEW_OPS,
     Calibration,
@@ -31,11 +32,11 @@ from oallama.planner.calfit import (
     node_overhead_us,
     work,
 )
-from oallama.planner.context import split_cost, stream_link
+from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.profile import Link, Profile, device_identity
+from oallama.planner.cost.schedmodel import HOST, Placement
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context, make_plan
-from oallama.planner.profile import Link, Profile, device_identity, profile_model
-from oallama.planner.schedmodel import HOST, Placement
 from oallama.runtime import devices, rpc
 from oallama.runtime.generate import prompt_tokens
 
@@ -104,8 +105,8 @@ def test_split_runs_that_spread_widely_are_repeated(wide_seconds: float, runs: i
     """A pass whose split-mode runs spread widely (here every other one reported twice as slow, as a
     software GPU's threads sharing the host's cores make them) is run again, up to 4x the repeats,
     while its runs have taken less than WIDE_SECONDS; then the median of them all is kept."""
-    import oallama.planner.calibrate as cal_mod
-    from oallama.planner.realpass import Run
+    import oallama.planner.cost.calibrate as cal_mod
+    from oallama.planner.cost.realpass import Run
 
     real, split_walls = cal_mod.timed_eval, []
 
@@ -134,7 +135,7 @@ def test_decode_passes_are_timed_on_other_tokens_as_a_generation_runs(tiny: Path
     """Each timed decode pass evaluates another token (a mixture of experts' same token again reads
     the experts the pass before left in the caches: the small MoE host decodes calibrated 12-15%
     fast), while a prompt pass is the same tokens every time."""
-    import oallama.planner.calibrate as cal_mod
+    import oallama.planner.cost.calibrate as cal_mod
 
     real, seen = cal_mod.timed_eval, []
 
@@ -335,7 +336,7 @@ def test_each_weight_matmul_shape_keeps_its_own_real_graph_time(shape: str) -> N
     placement that parts them (each layer's FFN on the rpc-server) 1.3x fast on the host. Refitted:
     each shape's modelled decode time is its median time in the real graph (less the node
     overhead) within 10%, and the timed pass still sums to its measured split."""
-    from oallama.planner.mmshares import class_key
+    from oallama.planner.cost.mmshares import class_key
 
     pf = RESULTS / "2026-11-24-vm-method16" / "profiles" / "416e263e6286c466.json"
     prof = Profile.from_json(json.loads(pf.read_text()), pf)
@@ -364,7 +365,7 @@ def test_each_weight_matmul_shape_keeps_its_own_real_graph_time(shape: str) -> N
 def test_shapes_timed_within_the_noise_share_one_ratio() -> None:
     """Shares from node times: a shape timed well above the noise of timing a node alone keeps its own
     ratio; shapes timed within it are pooled; the shares move time between shapes, not the total."""
-    from oallama.planner.mmshares import POOLED, class_key, fit_shares, share
+    from oallama.planner.cost.mmshares import POOLED, class_key, fit_shares, share
 
     def pt(shape: tuple[int, int], us: float) -> dict[str, object]:
         return {"n_tokens": 1, "op": "MUL_MAT", "weight_type": "q4_K", "src0_ne": [*shape, 1, 1], "us": us}
@@ -628,7 +629,7 @@ def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny
 def test_sampling_is_timed_with_the_generation_loops_sampler(tiny: Path) -> None:
     # generate() keeps one sampler chain; a standalone sample() builds one per call: the
     # calibration times the former and leaves the Llama's own sampler as it was
-    from oallama.planner.outside import sample_us
+    from oallama.planner.cost.outside import sample_us
 
     with closing(Llama(str(tiny), n_ctx=64, verbose=False)) as llm:
         llm.eval(prompt_tokens(llm, 8))
@@ -651,7 +652,7 @@ def test_short_calibrations_keep_each_pass_from_its_median_round(monkeypatch: py
     # (one round of a small MoE: its decode 4.8 ms after 32 tokens, 3.0 ms after 510): rounds repeat
     # while they are short, and each timed pass comes from the round of its median time (not the
     # fastest: that made every prediction optimistic), its nodes and splits together
-    from oallama.planner import calibrate as cal_mod
+    from oallama.planner.cost import calibrate as cal_mod
 
     # per round: (prompt pass us, decode pass us) on the host
     times = iter([(5000.0, 300.0), (3000.0, 900.0), (4000.0, 250.0), (2500.0, 200.0), (2600.0, 500.0),
@@ -734,7 +735,7 @@ def test_short_calibrations_keep_each_pass_from_its_median_round(monkeypatch: py
 def test_layouts_keep_the_round_with_the_median_ratio() -> None:
     # each round's host passes repacked and plain, back to back: a slow phase of the machine during one
     # of the two loads moves that round's ratio, the median round's pair is kept per pass size
-    from oallama.planner.rounds import Round, merge_rounds
+    from oallama.planner.cost.rounds import Round, merge_rounds
 
     def rnd(decode: tuple[float, float], prompt: tuple[float, float]) -> Round:
         sizes = {"1": {"default_us": decode[0], "plain_us": decode[1]},
@@ -757,7 +758,7 @@ def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.Mo
     # from the whole round
     import time as time_mod
 
-    from oallama.planner import calibrate as cal_mod
+    from oallama.planner.cost import calibrate as cal_mod
 
     host_decode = iter([900.0, 400.0, 200.0, 700.0, 500.0])  # us, per round
     calls: list[bool] = []

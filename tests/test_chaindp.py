@@ -1,4 +1,4 @@
-"""The exact placement walk (planner.chaindp, csrc/pareto.cpp): its Lagrangian bounds, its heuristic
+"""The exact placement walk (planner.solvers.chaindp, csrc/pareto.cpp): its Lagrangian bounds, its heuristic
 walk and its reuse of stages alike, each checked against a computation without it (exhaustive
 paths of small random graphs; the same program's graph computed stage by stage)."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from oallama import _core
-from oallama.planner import chaindp, chaingraph, chainwalk
+from oallama.planner.cost.measure import profile_model
 from oallama.planner.plan import Workload, build_context
-from oallama.planner.profile import profile_model
+from oallama.planner.solvers import chaindp, chaingraph, chainwalk
 from oallama.runtime import rpc
 
 HOST = "CPU"

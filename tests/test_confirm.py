@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from oallama.planner import confirm as C
+from oallama.planner.cost.schedmodel import Placement
 from oallama.planner.plan import Workload, build_context, confirmation_table, make_plan
-from oallama.planner.schedmodel import Placement
 from oallama.runtime import rpc
 from oallama.runtime.planfile import ConfirmOptions
 

@@ -1,4 +1,4 @@
-"""The device model (planner/devicemodel.py): the devices characterised once on a reference model,
+"""The device model (planner/cost/devicemodel.py): the devices characterised once on a reference model,
 every other model costed from it without running its graph, a shape-only file never run."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pytest
 
 from oallama.errors import PlanError
 from oallama.model import gguf_file, synthetic
-from oallama.planner import devicemodel
 from oallama.planner import plan as planmod
-from oallama.planner import profile as profilemod
+from oallama.planner.cost import devicemodel
+from oallama.planner.cost import measure as measuremod
+from oallama.planner.cost import profile as profilemod
 from oallama.runtime import llama as llamamod
 from oallama.runtime.planfile import ConfirmOptions
 
@@ -26,7 +27,7 @@ def runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_q8: Path) -> dict
     monkeypatch.setenv("OALLAMA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OALLAMA_REFERENCE_MODEL", str(tiny_q8))
     seen: dict[str, list[str]] = {"calibrated": [], "loaded": []}
-    calibrate, init = profilemod.calibrate, llamamod.Llama.__init__
+    calibrate, init = measuremod.calibrate, llamamod.Llama.__init__
 
     def spy_calibrate(path: Any, *a: Any, **kw: Any) -> Any:
         seen["calibrated"].append(str(path))
@@ -36,7 +37,7 @@ def runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_q8: Path) -> dict
         seen["loaded"].append(str(model_path))
         init(self, model_path, *a, **kw)
 
-    monkeypatch.setattr(profilemod, "calibrate", spy_calibrate)
+    monkeypatch.setattr(measuremod, "calibrate", spy_calibrate)
     monkeypatch.setattr(llamamod.Llama, "__init__", spy_init)
     return seen
 
@@ -105,7 +106,7 @@ def test_a_model_of_the_references_shapes_takes_its_matmul_times_from_the_device
     and types (here a shape-only twin of the reference) times none of its own; one of other widths
     times its own, and only those."""
     timed: list[tuple[str, tuple[int, ...]]] = []  # weight matmuls timed once the device model exists
-    time_op = profilemod.time_op
+    time_op = measuremod.time_op
 
     def spy(device: str, op: str, wtype: str, shape: tuple[int, ...], *a: Any, **kw: Any) -> Any:
         if any(devicemodel.cache_dir().glob("*.json")):  # not the characterisation's own profile
@@ -115,7 +116,7 @@ def test_a_model_of_the_references_shapes_takes_its_matmul_times_from_the_device
     def signatures(keys: Any) -> set[tuple[str, tuple[int, ...]]]:
         return {(k.split(":")[1], tuple(map(int, k.split(":")[2].split("x")))) for k in keys}
 
-    monkeypatch.setattr(profilemod, "time_op", spy)
+    monkeypatch.setattr(measuremod, "time_op", spy)
     twin = synthetic.write_model(tmp_path / "twin.gguf", "tiny", "q8_0", shape_only=True, progress=False)
     ctx = planmod.build_context(twin, None, WORKLOAD, threads=1, progress=False)
     assert runs["calibrated"] == [str(tiny_q8)]  # the devices characterised on the reference

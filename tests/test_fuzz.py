@@ -37,7 +37,7 @@ from helpers import load_batch
 from oallama import OallamaError
 from oallama.cluster.problem import DEVICES_SCHEMA, read_devices
 from oallama.model import gguf_file
-from oallama.planner.profile import Link, Profile, Settings, build_info
+from oallama.planner.cost.profile import Link, Profile, Settings, build_info
 from oallama.runtime import planfile
 
 SCALE = max(int(os.environ.get("OALLAMA_FUZZ_EXAMPLES", "1") or 1), 1)

@@ -16,8 +16,8 @@ from oallama import _core
 from oallama.model import synthetic
 from oallama.model.gguf_file import read
 from oallama.model.synthetic import PRESETS
+from oallama.planner.cost.measure import profile_model
 from oallama.planner.graph import inventory
-from oallama.planner.profile import profile_model
 from oallama.runtime import rpc
 
 # small variant -> (file type, the full-size preset it shrinks)
@@ -198,8 +198,8 @@ def test_streamed_experts_copy_only_the_routed_experts(moe_context, rpc_server) 
     # charges that share (`expert_fraction`: n_used / n_expert of the tensor at one token). Checked
     # against the bytes that really crossed to an rpc-server in decode passes that stream every
     # expert tensor (plain layout: a repacked weight cannot stream).
-    from oallama.planner.profile import PLAIN
-    from oallama.planner.schedmodel import Placement, expert_fraction
+    from oallama.planner.cost.profile import PLAIN
+    from oallama.planner.cost.schedmodel import Placement, expert_fraction
 
     ctx = moe_context
     pm = ctx.passes[1]
@@ -237,8 +237,8 @@ def test_streamed_experts_copy_the_recorded_routing(moe_context, rpc_server) -> 
     # how many, the calibration records (the model's routing in one 512-token pass: distinct experts
     # per layer over every window of n consecutive tokens), and the pass model charges that share.
     # Checked against the bytes that really crossed to an rpc-server in 32-token prompt passes.
-    from oallama.planner.profile import PLAIN
-    from oallama.planner.schedmodel import expert_fraction
+    from oallama.planner.cost.profile import PLAIN
+    from oallama.planner.cost.schedmodel import expert_fraction
     from oallama.runtime.generate import prompt_tokens
 
     ctx, n = moe_context, 32
@@ -271,7 +271,7 @@ def test_streamed_experts_copy_the_recorded_routing(moe_context, rpc_server) -> 
 @pytest.mark.parametrize("n_expert,n_used", [(8, 2), (32, 4), (128, 8)])
 def test_routing_counts_distinct_experts_per_window(n_expert: int, n_used: int) -> None:
     # `distinct_experts` (cumulative counts) against sets of every window, on a concentrated routing
-    from oallama.planner.routing import distinct_experts, window_sizes
+    from oallama.planner.cost.routing import distinct_experts, window_sizes
 
     rng = np.random.default_rng(n_expert)
     hot = rng.choice(n_expert, size=max(n_used + 1, n_expert // 4), replace=False)  # a few favourite experts
@@ -287,7 +287,7 @@ def test_routing_counts_distinct_experts_per_window(n_expert: int, n_used: int) 
 
 def test_routing_share_and_its_errors() -> None:
     from oallama.errors import ProfileError
-    from oallama.planner.routing import Routing
+    from oallama.planner.cost.routing import Routing
 
     class R:  # a recorded route as _core.Route gives it
         def __init__(self, name: str, ids: list[list[int]]) -> None:
@@ -313,7 +313,7 @@ def test_routing_share_and_its_errors() -> None:
 def test_a_cached_profile_measures_another_models_routing(moe_context, synth_model, rpc_server) -> None:
     # The profile is cached by shapes; routing depends on the weights: a model of the same shapes
     # (another seed) reuses the cached timings but gets its own routing, measured again.
-    from oallama.planner.routing import fingerprint
+    from oallama.planner.cost.routing import fingerprint
 
     ctx = moe_context
     other = synth_model("qwen3moe-small", "q4_k_m", seed=7)

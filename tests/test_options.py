@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str, list[str]]] = {
     "plan": ("oallama.planner.plan", "PlanOptions", ["m.gguf"]),
     "bench": ("oallama.bench.harness", "BenchOptions", ["m.gguf"]),
     "distribute": ("oallama.cluster.distribute", "DistributeOptions", ["m.gguf", "--devices", "d.json"]),
-    "profile": ("oallama.planner.profile", "ProfileOptions", ["m.gguf"]),
+    "profile": ("oallama.planner.cost.measure", "ProfileOptions", ["m.gguf"]),
     "inspect": ("oallama.planner.graph", "InspectOptions", ["m.gguf"]),
     "run": ("oallama.runtime.generate", "RunOptions", ["m.gguf"]),
     "synth": ("oallama.model.synthetic", "SynthOptions", ["-o", "m.gguf"]),

@@ -16,8 +16,9 @@ import pytest
 
 from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
-from oallama.planner import chaindp, optimal
-from oallama.planner.calfit import DeviceCalibration, OpFit
+from oallama.planner.cost.calfit import DeviceCalibration, OpFit
+from oallama.planner.cost.profile import Link, Profile
+from oallama.planner.cost.schedmodel import HOST, NEVER, Placement
 from oallama.planner.plan import (
     STRATEGIES,
     Workload,
@@ -27,8 +28,7 @@ from oallama.planner.plan import (
     parse_budget,
     place_layers,
 )
-from oallama.planner.profile import Link, Profile
-from oallama.planner.schedmodel import HOST, NEVER, Placement
+from oallama.planner.solvers import chaindp, optimal
 from oallama.runtime import devices, rpc
 
 GiB, MiB = 2**30, 2**20
@@ -101,7 +101,7 @@ def tiny_f16(synth_model) -> Path:
 
 @pytest.fixture(scope="session")
 def measured_ctx(tiny_f16: Path, rpc_server: rpc.RpcServer):
-    from oallama.planner.profile import profile_model
+    from oallama.planner.cost.measure import profile_model
 
     prof = profile_model(tiny_f16, [HOST, rpc_server.device_name], threads=1, repeats=2, progress=False)
     return build_context(tiny_f16, rpc_server.device_name, WORKLOAD, profile=prof, threads=1, progress=False)
@@ -109,7 +109,7 @@ def measured_ctx(tiny_f16: Path, rpc_server: rpc.RpcServer):
 
 def _host_us(prof: Profile, key: str) -> float:
     """The CPU's time for an op key (us): measured, or interpolated between its column counts (the
-    accelerator is also timed at the workload's own pass sizes, planner.opsizes; the CPU is not)."""
+    accelerator is also timed at the workload's own pass sizes, planner.cost.opsizes; the CPU is not)."""
     if key in prof.ops[HOST]:
         return float(prof.ops[HOST][key]["median_us"])
     sig, n = key.rsplit(":", 1)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from oallama import ProfileError
-from oallama.planner import hostspeed
+from oallama.planner.cost import hostspeed
+from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.profile import SCHEMA, Link, Profile, Settings
 from oallama.planner.graph import TargetOp, inventory
-from oallama.planner.profile import SCHEMA, Link, Profile, Settings, profile_model
 from oallama.runtime import rpc
 
 
@@ -112,10 +113,10 @@ def test_accelerator_matmuls_are_timed_at_the_workloads_pass_sizes(synth_model, 
     at 40 when a plan is costed (a GPU-class kernel runs columns in tiles: lavapipe's took as long
     at 40 as at 64), kept in the profile and its cache file, and timed once; the host's stay
     interpolated."""
-    from oallama.planner import opsizes
+    from oallama.planner.cost import opsizes
+    from oallama.planner.cost.profile import cache_dir
     from oallama.planner.graph import target_ops
     from oallama.planner.plan import Workload, build_context
-    from oallama.planner.profile import cache_dir
 
     model, acc = synth_model("tiny", "q8_0"), rpc_server.device_name
     ctx = build_context(model, acc, Workload(prompt=40, gen=4, n_ubatch=64), threads=1, progress=False)

@@ -28,10 +28,10 @@ from helpers import (
     stock_server,
 )
 from oallama import Llama, _core
+from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.schedmodel import HOST
 from oallama.planner.graph import GraphSession
 from oallama.planner.plan import STRATEGIES, Workload, build_context, make_plan
-from oallama.planner.profile import profile_model
-from oallama.planner.schedmodel import HOST
 from oallama.runtime import devices
 from oallama.runtime.place import compile_patterns
 

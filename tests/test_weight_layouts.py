@@ -17,8 +17,8 @@ from helpers import raises_cleanly
 from oallama import Llama, _core
 from oallama.errors import PlacementError, PlanError
 from oallama.planner import layouts as layoutmod
+from oallama.planner.cost.profile import DUAL, PLAIN, REPACK
 from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget, unnamed_defaults
-from oallama.planner.profile import DUAL, PLAIN, REPACK
 
 PROMPT = b"The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."
 pytestmark = pytest.mark.skipif("CPU_REPACK_DUAL" not in _core.cpu_layouts(), reason="no repacked CPU layouts")
@@ -131,7 +131,7 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
     ratio), and each shape timed clear of the noise at its own measured ratio of node times (scaled
     with the others: the ratios between shapes are the measured ones)."""
     from oallama.planner.context import plain_ratios, plain_times, shape_ratios
-    from oallama.planner.schedmodel import HOST, Placement
+    from oallama.planner.cost.schedmodel import HOST, Placement
 
     cal = cpu_context.profile.calibration
     m = cal.layouts

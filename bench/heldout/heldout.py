@@ -218,7 +218,7 @@ def measure(spec_path: Path) -> None:
     from contextlib import ExitStack, closing
 
     from oallama.planner import confirm as confirmmod
-    from oallama.planner import hostspeed
+    from oallama.planner.cost import hostspeed
     from oallama.planner.plan import read_plan
     from oallama.runtime import devices as devmod
     from oallama.runtime import rpc
@@ -395,7 +395,7 @@ def main() -> int:
     ap.add_argument("--group", nargs=3, metavar=("SETUP", "MODEL", "WORKLOAD"), help=argparse.SUPPRESS)
     ap.add_argument("--calibration", choices=("model", "device", "auto"), default="model",
                     help="how the plans are costed (planner.context.build_context): the model's own calibration "
-                    "(protocol v1), or the device model (planner/devicemodel.py)")
+                    "(protocol v1), or the device model (planner/cost/devicemodel.py)")
     ap.add_argument("--repredict", type=Path, metavar="DIR", help="no measuring: the cells measured in DIR predicted "
                     "again with --calibration (their measurements, plans and confirmations kept)")
     a = ap.parse_args()

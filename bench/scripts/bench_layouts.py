@@ -67,8 +67,8 @@ def _worker(spec_path: str) -> int:
 
 def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, out: Path) -> dict[str, Path | None]:
     """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure."""
+    from oallama.planner.cost.profile import PLAIN
     from oallama.planner.plan import Workload, build_context, make_plan
-    from oallama.planner.profile import PLAIN
 
     ctx = build_context(model, None, Workload(prompt=prompt, gen=gen), threads=threads, progress=True)
     default = make_plan(ctx, "layers", None)
@@ -107,7 +107,7 @@ def main() -> int:
     if args.model is None:
         ap.error("the model is required")
 
-    from oallama.planner.profile import build_info
+    from oallama.planner.cost.profile import build_info
 
     out: Path = args.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ def main() -> int:
 
 
 def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, build: dict[str, Any]) -> None:
-    from oallama.planner.profile import _cpu_name
+    from oallama.planner.cost.profile import _cpu_name
 
     commit = git_commit(short=True)
     summary: list[dict[str, Any]] = []

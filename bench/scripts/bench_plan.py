@@ -27,7 +27,7 @@ from pathlib import Path
 import oallama  # noqa: F401
 from oallama.model import synthetic
 from oallama.planner import plan
-from oallama.planner.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info
 from oallama.runtime import devices, rpc
 
 
@@ -61,7 +61,7 @@ def _time_strategy(ctx: plan.PlanContext, strategy: str, budget_text: str, reps:
 
 def _compare_solvers(ctx: plan.PlanContext, budgets: list[str], limit: float) -> list[dict]:
     """optimal's program at each budget and offload mode, by HiGHS alone and by chaindp alone."""
-    from oallama.planner import chaindp, optimal
+    from oallama.planner.solvers import chaindp, optimal
 
     passes = [(ctx.passes[n], w) for n, w in ctx.workload.pass_weights().items()]
     rows = []
@@ -122,7 +122,8 @@ def main() -> int:
         t0 = time.perf_counter()
         prof = None
         if args.no_calibrate:
-            from oallama.planner.profile import DEFAULT_TOKENS, profile_model
+            from oallama.planner.cost.measure import profile_model
+            from oallama.planner.cost.profile import DEFAULT_TOKENS
 
             prof = profile_model(model, ["CPU", acc.name], threads=args.threads, n_tokens=DEFAULT_TOKENS,
                                  n_ctx=wl.n_ctx, calibrated=False)
@@ -189,7 +190,7 @@ def main() -> int:
             record["solvers"] = _compare_solvers(ctx, args.budget.split(","), args.compare_solvers)
             (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
             md += ["", f"The program of optimal at the budget (no compute-buffer reserve), each solver alone, "
-                   f"limit {args.compare_solvers:g} s per run (dp: `planner.chaindp`; milp: HiGHS):", "",
+                   f"limit {args.compare_solvers:g} s per run (dp: `planner.solvers.chaindp`; milp: HiGHS):", "",
                    "| budget | offload mode | solver | seconds | objective ms | status |", "|---|---|---|---|---|---|"]
             for r in record["solvers"]:
                 obj = "-" if r["objective_ms"] is None else f"{r['objective_ms']:.1f}"

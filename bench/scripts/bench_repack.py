@@ -20,7 +20,7 @@ from pathlib import Path
 
 import oallama  # noqa: F401
 from oallama import _core
-from oallama.planner.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info
 
 SHAPES = [("q4_K", 4096, 14336), ("q4_K", 5120, 27648), ("q4_0", 4096, 14336), ("q8_0", 4096, 14336),
           ("q5_K", 4096, 14336), ("q6_K", 4096, 14336)]

@@ -34,9 +34,9 @@ from typing import Any
 
 import oallama  # noqa: F401  (oallama's libraries before llama_cpp's)
 from oallama import Llama
+from oallama.planner.cost.profile import _cpu_name, build_info
+from oallama.planner.cost.schedmodel import NEVER, Placement
 from oallama.planner.plan import Workload, build_context, make_plan
-from oallama.planner.profile import _cpu_name, build_info
-from oallama.planner.schedmodel import NEVER, Placement
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens, timed_generate
 from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from oallama.planner import plan as planmod
-from oallama.planner.calfit import fit
-from oallama.planner.profile import Profile
+from oallama.planner.cost.calfit import fit
+from oallama.planner.cost.profile import Profile
 from oallama.runtime import rpc
 
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from oallama.model import gguf_file
-from oallama.planner.schedmodel import expert_fraction
+from oallama.planner.cost.schedmodel import expert_fraction
 from repredict_table import METRICS, ErrorTable, metrics
 
 OFFLOAD_MIN_BATCH = 32  # ggml-cuda's default: a host weight's op moves to the GPU from this batch

@@ -2,7 +2,7 @@
 """What a streamed expert tensor really copies, against the cost model (calibration method 10).
 
 For each mixture-of-experts model: its routing recorded in one 512-token pass of the fixed prompt
-(`planner.routing`: distinct experts per layer over every window of n consecutive tokens), then
+(`planner.cost.routing`: distinct experts per layer over every window of n consecutive tokens), then
 prompt passes of n tokens through a loopback rpc-server with every expert tensor on the host and
 streamed to the server at any batch (patch 0001; plain layout: a repacked weight cannot stream),
 each window of the prompt once; the bytes that crossed (TCP bytes acknowledged, `rpc.bytes_acked`:
@@ -24,10 +24,10 @@ from pathlib import Path
 import oallama
 from oallama import _core
 from oallama.model import gguf_file
+from oallama.planner.cost.profile import PLAIN
+from oallama.planner.cost.routing import measure
+from oallama.planner.cost.schedmodel import expert_fraction, expert_shares
 from oallama.planner.graph import inventory
-from oallama.planner.profile import PLAIN
-from oallama.planner.routing import measure
-from oallama.planner.schedmodel import expert_fraction, expert_shares
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens
 from provenance import git_commit

@@ -41,7 +41,7 @@ from typing import Any
 import oallama  # noqa: F401  (oallama's libraries before llama_cpp's)
 from oallama import Llama, RpcServerError
 from oallama.model import synthetic
-from oallama.planner.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info
 from oallama.runtime import devices, rpc
 from provenance import git_commit  # bench/scripts/provenance.py (the script's own directory is on sys.path)
 

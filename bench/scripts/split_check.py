@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.schedmodel import HOST, Placement
 from oallama.planner.plan import Workload, build_context
-from oallama.planner.profile import profile_model
-from oallama.planner.schedmodel import HOST, Placement
 from oallama.runtime import rpc
 
 

@@ -17,7 +17,7 @@ _COMMAND_MODULES = [
     "oallama.model.synthetic",
     "oallama.runtime.devices",
     "oallama.planner.graph",
-    "oallama.planner.profile",
+    "oallama.planner.cost.measure",
     "oallama.planner.plan",
     "oallama.runtime.generate",
     "oallama.bench.harness",

@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 from oallama.planner import plan as planmod
-from oallama.planner.calfit import fit
-from oallama.planner.profile import Profile
-from oallama.planner.realpass import decode_walls
-from oallama.planner.schedmodel import Placement
+from oallama.planner.cost.calfit import fit
+from oallama.planner.cost.profile import Profile
+from oallama.planner.cost.realpass import decode_walls
+from oallama.planner.cost.schedmodel import Placement
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens
 from oallama.runtime.llama import Llama

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from oallama.planner.outside import sample_us
+from oallama.planner.cost.outside import sample_us
 from oallama.runtime.generate import prompt_tokens, timed_generate
 from oallama.runtime.llama import Llama
 

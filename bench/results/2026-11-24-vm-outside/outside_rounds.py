@@ -16,8 +16,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-from oallama.planner import calibrate as cal_mod
-from oallama.planner.profile import Profile
+from oallama.planner.cost import calibrate as cal_mod
+from oallama.planner.cost.profile import Profile
 from oallama.runtime.rpc import start_server
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from oallama.planner.calfit import MATMUL_OPS, VIEW_OPS, _profile_us, fit
-from oallama.planner.mmshares import class_key, share
-from oallama.planner.profile import Profile
+from oallama.planner.cost.calfit import MATMUL_OPS, VIEW_OPS, _profile_us, fit
+from oallama.planner.cost.mmshares import class_key, share
+from oallama.planner.cost.profile import Profile
 
 
 def main() -> int:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "2026-11-24-vm-method16" / "experiments"))
 from splits_apart import close, measure, predicted_splits, prepared  # noqa: E402
 
 import repredict  # noqa: E402
-from oallama.planner.schedmodel import Placement  # noqa: E402
+from oallama.planner.cost.schedmodel import Placement  # noqa: E402
 from oallama.runtime.llama import Llama  # noqa: E402
 from oallama.runtime.rpc import start_server  # noqa: E402
 

@@ -14,7 +14,7 @@ measurements themselves can be trusted (issue 13: a cost model that predicts wha
                         average above 1.5 at their start or end)
     host_drift          configurations measured while the host or the accelerator ran reference
                         ops more than 10% faster or slower than when their profile was measured
-                        (`host_speed`, `acc_speed`; planner/hostspeed.py): the machine's errors
+                        (`host_speed`, `acc_speed`; planner/cost/hostspeed.py): the machine's errors
     predicted_passes    the planner's per-pass breakdown as flat rows (predicted_passes.csv)
 
 Everything here works on records (`report.records_from_raw`, or a results.json / results.csv
@@ -372,7 +372,7 @@ def host_speed_markdown(records: Sequence[Mapping[str, Any]], tolerance: float =
                        for f, role in SPEED_ROLES.items() if (v := speeds[f]))
     n = len({r["config_id"] for r in records if any(r.get(f) is not None for f in SPEED_ROLES)})
     lines = ["## Device speed against the profile", "",
-             f"Reference ops (planner/hostspeed.py) timed around every configuration's runs ran at this speed "
+             f"Reference ops (planner/cost/hostspeed.py) timed around every configuration's runs ran at this speed "
              f"against their speed when the plan's profile was measured (> 1: faster): {ranges}. {len(off)} of {n} "
              f"configuration(s) ran more than {100 * tolerance:.0f}% off it on a device: the machine, not the model, "
              "moved under their predictions.", ""]

@@ -254,7 +254,7 @@ class BenchSummary:
 
 
 def _device_meta(dev: devmod.Device) -> dict[str, Any]:
-    from ..planner.profile import device_identity
+    from ..planner.cost.profile import device_identity
 
     return {"device": dev.name, "device_kind": dev.kind, "device_description": dev.description,
             "device_backend": dev.backend, "device_identity": device_identity(dev),
@@ -302,7 +302,7 @@ def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
 
 
 def _host_meta() -> dict[str, Any]:
-    from ..planner.profile import _cpu_name, build_info
+    from ..planner.cost.profile import _cpu_name, build_info
 
     b = build_info()
     try:
@@ -345,7 +345,7 @@ def build_configs(opts: BenchOptions, dev_identity: str, dev_name: str, settings
 
 def run_bench(opts: BenchOptions) -> BenchSummary:
     """Plan and run every configuration of the grid that has no result yet; aggregate."""
-    from ..planner.profile import Settings
+    from ..planner.cost.profile import Settings
     from . import report as bench_report
 
     opts.check()
@@ -545,7 +545,7 @@ def _profile_host_speed(profile: Any) -> dict[str, dict[str, float]] | None:
     """The reference ops' times when `profile` was measured (per device role, before and after
     averaged): what the worker's own measurement is compared with. None for a profile from before
     they were recorded."""
-    from ..planner import hostspeed
+    from ..planner.cost import hostspeed
 
     hs = getattr(profile, "host_speed", None) or {}
     got = [hs[k] for k in ("before", "after") if isinstance(hs.get(k), dict)]
@@ -553,7 +553,7 @@ def _profile_host_speed(profile: Any) -> dict[str, dict[str, float]] | None:
 
 
 def _plan_doc(p: Any) -> dict[str, Any]:
-    from ..planner.schedmodel import NEVER
+    from ..planner.cost.schedmodel import NEVER
 
     return {"predicted": p.predicted,  # ttft_ms, tpot_ms, e2e_ms and the per-pass breakdown
             "memory": p.memory, "budget_bytes": p.budget_bytes, "n_gpu_layers": p.n_gpu_layers,

@@ -1,5 +1,5 @@
 """The profiles a bench run costs its plans with: saved beside the results (profiles/<id>.json,
-compact JSON that `planner.profile.Profile.load` reads; the records' `profile_key` names the file),
+compact JSON that `planner.cost.profile.Profile.load` reads; the records' `profile_key` names the file),
 and, with `--reprofile`, measured anew for the run instead of taken from the profile cache."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ def log(msg: str) -> None:
 def measure(model: str, acc: str, n_ctx: int, threads: int, op_offload: bool, progress: bool) -> Any:
     """--reprofile: the profile build_context would take from the cache, measured anew (and not
     cached)."""
-    from ..planner.profile import DEFAULT_TOKENS, profile_model
-    from ..planner.schedmodel import HOST
+    from ..planner.cost.measure import profile_model
+    from ..planner.cost.profile import DEFAULT_TOKENS
+    from ..planner.cost.schedmodel import HOST
 
     if progress:
         log(f"--reprofile: measuring the profile of {Path(model).name} afresh (n_ctx {n_ctx}, op offload "

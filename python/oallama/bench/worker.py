@@ -72,7 +72,7 @@ def run_worker(spec_path: str) -> int:
     """Run the configuration described by SPEC (written by `bench._launch`); write its raw result."""
     import resource
 
-    from ..planner import hostspeed
+    from ..planner.cost import hostspeed
     from ..runtime.generate import prompt_tokens, timed_generate
     from ..runtime.llama import Llama
 

@@ -15,7 +15,7 @@ prompt of n_prompt tokens, then 1-token decodes after it):
                   through an rpc-server of this machine (loopback, started here).
 
 The CPU passes are timed in ROUNDS rounds seconds apart and each pass kept from the round of its
-median wall time, as the single-machine calibration keeps them (`planner.rounds`): the project's VM
+median wall time, as the single-machine calibration keeps them (`planner.cost.rounds`): the project's VM
 runs 1.4x slower for seconds at a time, and the fastest round is biased low (the generation runs
 through the slow phases too). Running the
 blocks on an rpc-server costs more than their time, the link's latency and the activations'
@@ -75,7 +75,7 @@ def _stops(nodes: list[_core.NodeTime]) -> list[tuple[int, int | None]]:
 def _time_pass(llm: Any, timer: _core.NodeTimer, tokens: list[int], n: int, n_past: int,
                n_blocks: int) -> tuple[list[float], float]:
     """Per block: median us of its nodes; and the median wall time of the eval (us)."""
-    from ..planner.realpass import timed_eval
+    from ..planner.cost.realpass import timed_eval
 
     prefix, batch = tokens[:n_past], tokens[n_past:n_past + n]
     first = timed_eval(llm, timer, prefix, batch, [])  # node by node: where the layers change (and a warm-up)
@@ -106,7 +106,7 @@ def _rpc_child(req: dict[str, Any]) -> dict[str, Any]:
     device); then the model twice, every block on the CPU (plain layout) and every block on the
     server, and runs of their passes alternated (the machine's speed changes for seconds at a
     time): per pass size, the median of the runs' differences rpc - CPU (us)."""
-    from ..planner.realpass import timed_eval
+    from ..planner.cost.realpass import timed_eval
     from ..runtime import rpc
     from ..runtime.generate import prompt_tokens
     from ..runtime.llama import Llama
@@ -184,7 +184,7 @@ def _tcp_bytes(endpoint: str) -> tuple[int, int]:
 
 def _pass_bytes(llm: Any, endpoint: str, toks: list[int], size: int, n_prompt: int, reps: int = 3) -> list[float]:
     """[up, down] bytes of one pass of `size` tokens (a decode after the n_prompt-token prompt)."""
-    from ..planner.realpass import sync
+    from ..planner.cost.realpass import sync
 
     prefix, batch = (toks[:n_prompt], toks[n_prompt:n_prompt + 1]) if size == 1 else ([], toks[:size])
     llm.reset()
@@ -215,7 +215,7 @@ def calibrate(cost: ModelCost, *, threads: int, n_prompt: int, matmul: tuple[int
     """`cost` with its blocks' real-graph times (`ModelCost.times`), measured on this machine's
     CPU with `threads` threads in a prompt pass of n_prompt tokens and a decode pass after it;
     `matmul`: the [k, m] of the devices' probe (devices file, "matmul")."""
-    from ..planner.outside import sample_us
+    from ..planner.cost.outside import sample_us
     from ..runtime.generate import prompt_tokens
     from ..runtime.llama import Llama
 

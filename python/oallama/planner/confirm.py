@@ -43,7 +43,7 @@ from ..runtime.planfile import ConfirmOptions
 
 if TYPE_CHECKING:
     from .context import PlanContext, Workload
-    from .schedmodel import Placement
+    from .cost.schedmodel import Placement
 
 
 class Plan(Protocol):

@@ -22,12 +22,13 @@ from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
-from . import devicemodel, opsizes
-from .calfit import Calibration
+from .cost import devicemodel, opsizes
+from .cost.calfit import Calibration
+from .cost.measure import profile_model
+from .cost.mmshares import interpolated
+from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings
+from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 from .graph import Graph, GraphSession, target_ops
-from .mmshares import interpolated
-from .profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings, profile_model
-from .schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
 SHAPE_NODE_MIN = 10.0  # a weight matmul shape's nodes took at least this many times what timing a node alone
@@ -298,7 +299,7 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
     prof.calibration = dm.calibration(list(prof.devices), devicemodel.n_vocab(model))
     n_expert = int(model.hparam("expert_count", 0) or 0)
     if n_expert and not model.shape_only:  # which experts a pass touches: the model's own (one host pass)
-        from .routing import measure as measure_routing
+        from .cost.routing import measure as measure_routing
 
         prof.calibration.routing = measure_routing(path, n_expert, n_tokens=min(workload.n_ctx, 512),
                                                    threads=prof.settings.threads, mmap=True, progress=progress)

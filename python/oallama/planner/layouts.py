@@ -28,8 +28,8 @@ from typing import Any
 
 from ..runtime.planfile import NEVER
 from .context import PlanContext
-from .profile import DUAL, PLAIN, REPACK
-from .schedmodel import Placement, op_batch
+from .cost.profile import DUAL, PLAIN, REPACK
+from .cost.schedmodel import Placement, op_batch
 
 
 @dataclass

@@ -39,8 +39,8 @@ from . import layouts as layoutmod
 from . import strategies
 from .confirm import Confirmation
 from .context import CALIBRATIONS, OBJECTIVES, PlanContext, Workload, build_context, log, parse_budget
-from .profile import DUAL, PLAIN, REPACK, Profile, build_info
-from .schedmodel import HOST, NEVER, Placement
+from .cost.profile import DUAL, PLAIN, REPACK, Profile, build_info
+from .cost.schedmodel import HOST, NEVER, Placement
 from .strategies import (
     BASELINES,
     STRATEGIES,

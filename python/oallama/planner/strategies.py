@@ -27,10 +27,10 @@ from typing import Any, Protocol
 from ..errors import PlanError
 from ..runtime import devices as devmod
 from ..runtime.place import layer_weights
-from . import optimal
 from .context import PlanContext
+from .cost.schedmodel import Placement
 from .graph import GraphSession
-from .schedmodel import Placement
+from .solvers import optimal
 from .verify import all_on_host, fit_to_budget, measure_memory, session_memory
 
 TIME_LIMIT_S = 10.0  # seconds the exact solver may search per offload mode (then: its best plan and gap)

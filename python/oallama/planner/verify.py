@@ -13,8 +13,8 @@ from typing import Any
 
 from ..runtime import place
 from .context import PlanContext, log
+from .cost.schedmodel import HOST, NEVER, Placement
 from .graph import GraphSession
-from .schedmodel import HOST, NEVER, Placement
 
 ATTEMPTS = 5  # reserve corrections before a strategy gives up (all weights on the host)
 

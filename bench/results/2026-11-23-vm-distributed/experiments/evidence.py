@@ -22,7 +22,7 @@ import oallama  # noqa: F401
 from oallama import cluster as D
 from oallama.cluster import timing
 from oallama.cluster.probe import ProbeOptions, probe_device
-from oallama.planner.realpass import decode_walls
+from oallama.planner.cost.realpass import decode_walls
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens
 from oallama.runtime.llama import Llama

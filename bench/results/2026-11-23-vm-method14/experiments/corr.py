@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from oallama.planner.realpass import timed_eval
+from oallama.planner.cost.realpass import timed_eval
 from oallama.runtime.llama import Llama
 
 M = sys.argv[1]

@@ -8,9 +8,9 @@ import statistics as S
 import sys
 from pathlib import Path
 
-from oallama.planner import calibrate as C
 from oallama.planner import plan as planmod
-from oallama.planner.profile import Profile
+from oallama.planner.cost import calibrate as C
+from oallama.planner.cost.profile import Profile
 from oallama.runtime import rpc
 
 sys.path.insert(0, "bench/scripts")

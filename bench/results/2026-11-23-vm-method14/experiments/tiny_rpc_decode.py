@@ -3,8 +3,8 @@ import statistics
 import sys
 
 from oallama import _core
-from oallama.planner.calibrate import _span_us, _split_stops
-from oallama.planner.realpass import timed_eval
+from oallama.planner.cost.calibrate import _span_us, _split_stops
+from oallama.planner.cost.realpass import timed_eval
 from oallama.runtime.generate import prompt_tokens, timed_generate
 from oallama.runtime.llama import Llama
 from oallama.runtime.rpc import start_server

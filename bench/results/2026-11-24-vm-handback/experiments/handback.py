@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from oallama import _core
-from oallama.planner.calibrate import _split_stops
-from oallama.planner.realpass import decode_walls, sync, timed_eval
+from oallama.planner.cost.calibrate import _split_stops
+from oallama.planner.cost.realpass import decode_walls, sync, timed_eval
 from oallama.runtime.generate import prompt_tokens, timed_generate
 from oallama.runtime.llama import Llama
 from oallama.runtime.rpc import start_server

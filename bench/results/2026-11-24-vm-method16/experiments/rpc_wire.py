@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from oallama.planner.realpass import timed_eval
+from oallama.planner.cost.realpass import timed_eval
 from oallama.runtime.generate import prompt_tokens
 from oallama.runtime.llama import Llama
 from oallama.runtime.rpc import start_server

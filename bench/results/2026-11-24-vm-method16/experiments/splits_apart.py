@@ -22,8 +22,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "bench" / "scripts"))
 import repredict
 from oallama import _core
-from oallama.planner.calibrate import _split_stops
-from oallama.planner.realpass import timed_eval
+from oallama.planner.cost.calibrate import _split_stops
+from oallama.planner.cost.realpass import timed_eval
 from oallama.runtime.generate import prompt_tokens
 from oallama.runtime.llama import Llama
 from oallama.runtime.rpc import start_server

@@ -25,9 +25,9 @@ from pathlib import Path
 from oallama import _core
 from oallama.planner import plan as planmod
 from oallama.planner.context import plain_ratios
-from oallama.planner.profile import Profile
-from oallama.planner.realpass import MATMUL_OPS, decode_walls, timed_eval
-from oallama.planner.schedmodel import Placement
+from oallama.planner.cost.profile import Profile
+from oallama.planner.cost.realpass import MATMUL_OPS, decode_walls, timed_eval
+from oallama.planner.cost.schedmodel import Placement
 from oallama.runtime import rpc
 from oallama.runtime.generate import prompt_tokens
 from oallama.runtime.llama import Llama

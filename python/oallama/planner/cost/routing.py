@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
-from ..errors import OallamaError, ProfileError
+from ... import _core
+from ...errors import OallamaError, ProfileError
 
 _ROUTE = re.compile(r"^ffn_moe_topk-(\d+)$")  # llama.cpp's name of a layer's top-k expert ids
 _ROUTER = re.compile(r"^blk\.\d+\.ffn_gate_inp\.weight$")  # a layer's router [n_embd, n_expert]
@@ -41,7 +41,7 @@ _ROUTER = re.compile(r"^blk\.\d+\.ffn_gate_inp\.weight$")  # a layer's router [n
 def fingerprint(path: str | Path) -> str:
     """sha256 over the bytes of the model's router weights (what a routing depends on beyond the
     shapes: another model of the same shapes routes otherwise)."""
-    from ..model import gguf_file
+    from ...model import gguf_file
 
     info = gguf_file.check_model(path)
     h = hashlib.sha256()
@@ -160,8 +160,8 @@ def measure(path: str | Path, n_expert: int, *, n_tokens: int, threads: int, mma
     recorded: the fixed prompt every benchmark and calibration pass uses."""
     import time
 
-    from ..runtime.generate import prompt_tokens
-    from ..runtime.llama import Llama
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
 
     if progress:
         print(f"\rcalibrate: routing of a {n_tokens}-token pass".ljust(100), end="", file=sys.stderr, flush=True)

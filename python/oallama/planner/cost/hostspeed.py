@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import _core
+from ... import _core
 
 # q4_K weights repacked as loaded: [2048, 2048] (2.3 MiB, in a core's cache as a small model's
 # layers are) times 1 token (a decode: dequantisation-bound) and 32 tokens (a prompt: compute-bound),

@@ -48,9 +48,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
+from ...runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
+from ..graph import Graph, Node, layer_of, node_layer
 from .calfit import Calibration, work
-from .graph import Graph, Node, layer_of, node_layer
 from .mmshares import class_key
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 from .routing import Routing
@@ -221,7 +221,7 @@ class PassModel:
         self.plain_profiled: dict[int, float] = {}
         self.shape_key: dict[int, str] = {}  # weight matmul -> its shape class (mmshares.class_key)
         if profile is not None:
-            from .graph import target_ops
+            from ..graph import target_ops
 
             for op in target_ops(graph):
                 self.targets.add(op.index)

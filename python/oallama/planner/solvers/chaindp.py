@@ -52,9 +52,9 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..cost.schedmodel import NEVER, PassModel, Placement
 from .chaingraph import StageGraph
 from .chainwalk import ACC, NotDecomposable, Walk
-from .schedmodel import NEVER, PassModel, Placement
 
 __all__ = ["ACC", "BEAM_ENTRIES", "MAX_ENTRIES", "NEVER", "NotDecomposable", "Result", "solve", "stream_options"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import OallamaError, ProfileError
+from ...errors import OallamaError, ProfileError
 
 __all__ = ["alone_us", "overheads", "sample_us", "saved"]
 
@@ -57,7 +57,7 @@ def alone_us(path: str | Path, passes: Iterable[tuple[int, int]], measure: Calla
     """(n_tokens, n_past) -> us outside the graph (`overheads`) of each of `passes` in a host load
     without the accelerator attached. measure(llm, (n_tokens, n_past)): such a pass's split-mode
     time outside its graph (calibrate._Load)."""
-    from ..runtime.llama import Llama
+    from ...runtime.llama import Llama
 
     passes = list(passes)
     n_batch = max([n_prefill, *(n for n, _ in passes)])  # every timed pass in one ubatch

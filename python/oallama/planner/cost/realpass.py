@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _core
-from ..errors import OallamaError, ProfileError
+from ... import _core
+from ...errors import OallamaError, ProfileError
 from .mmshares import class_key
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
@@ -114,7 +114,7 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
     Two loads: the weight matmuls are read from a plain one (a streamed op reads the weight's copy,
     which is no model weight), and the policy is set on the other before its first pass: a
     scheduler reserve after a prompt whose ops ran on Vulkan0 corrupted the heap (lavapipe)."""
-    from ..runtime.generate import prompt_tokens
+    from ...runtime.generate import prompt_tokens
 
     with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
         tokens = prompt_tokens(llm, n_ctx)
@@ -139,7 +139,7 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
 def _stream_load(path: str | Path, acc: str, n_ctx: int, n_prefill: int, threads: int,
                  mmap: bool) -> Iterator[Any]:
     """Every layer on the host, op offload on (measure_stream's load); closed on exit."""
-    from ..runtime.llama import Llama
+    from ...runtime.llama import Llama
 
     try:
         llm = Llama(str(path), devices=[acc], n_ctx=n_ctx, n_batch=n_prefill, n_ubatch=n_prefill, n_threads=threads,
@@ -159,9 +159,9 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
     alternating between the host and `acc` (file order; op offload off, so a host weight's op
     stays on the host): their mean wall time, and the placement as llama.cpp made it (which
     weights landed on `acc`, the KV layers) for the model to cost. None when nothing scatters."""
-    from ..runtime.generate import prompt_tokens
-    from ..runtime.llama import Llama
-    from .graph import layer_of
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
+    from ..graph import layer_of
 
     n_layer = int(info.hparam("block_count", 0))
     first = n_layer - max(n_gpu_layers - 1, 0)  # llama.cpp offloads the last n_gpu_layers - 1 layers
@@ -200,8 +200,8 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     and their count (`shapes`). The plan costs each plain weight at its shape's ratio of those times
     and the all-plain pass at the ratio of the walls (`context.plain_times`). None when a default
     load repacks nothing."""
-    from ..runtime.generate import prompt_tokens
-    from ..runtime.llama import Llama
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
 
     out: dict[str, Any] = {"n_past": n_prefill, "sizes": {}}
     layouts: dict[str, str] = {}

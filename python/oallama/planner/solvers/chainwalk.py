@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .schedmodel import PassModel
+from ..cost.schedmodel import PassModel
 
 ACC = -1  # a weight's option: on the accelerator (else: the smallest batch its op streams at, NEVER: never)
 

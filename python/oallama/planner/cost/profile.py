@@ -20,7 +20,6 @@ settings (threads, op_offload, mmap, repack), and reused when all of these match
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import functools
 import hashlib
@@ -28,27 +27,21 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _core, _libs
-from .._files import cache_base, read_json
-from .._version import __version__
-from ..errors import ProfileError
-from ..options import add_arguments, from_args, option
-from ..runtime import devices as devmod
-from ..runtime import rpc as rpcmod
-from . import hostspeed
+from ... import _core, _libs
+from ..._files import cache_base, read_json
+from ..._version import __version__
+from ...errors import ProfileError
+from ...runtime import devices as devmod
+from ...runtime import rpc as rpcmod
+from ..graph import Inventory, TargetOp
 from .calfit import Calibration
 from .calibrate import VERSION as CALIBRATION_VERSION
-from .calibrate import calibrate
-from .graph import Inventory, TargetOp, inventory
-from .routing import fingerprint as routing_fingerprint
-from .routing import measure as measure_routing
 
 SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
@@ -399,296 +392,8 @@ def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) 
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _activation_sizes(inv: Inventory) -> list[int]:
-    sizes = {op.act_in_bytes for n in inv.graphs for op in inv.target_ops(n)}
-    sizes |= {op.act_out_bytes for n in inv.graphs for op in inv.target_ops(n)}
-    return sorted(sizes)
-
-
-def _spread(sizes: list[int], k: int = 6) -> list[int]:
-    """k sizes spanning the activation sizes, plus 4 MiB so bandwidth is well determined."""
-    pts = {sizes[round(i * (len(sizes) - 1) / max(k - 1, 1))] for i in range(k)} if sizes else set()
-    return sorted(pts | {4 << 20})
-
-
-def time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int | None,
-             threads: int, warmup: int, repeats: int, repack: bool, host_of: str,
-             layout: str = "") -> tuple[list[Any], list[dict[str, Any]]]:
-    """One weight matmul signature at each column count: (results, extra stats per column).
-    MUL_MAT_ID (experts [k, m, n_expert], n_used per token): each of n tokens routed so that
-    min(n_expert, n * n_used) distinct experts are active (every expert's weights are read once a
-    batch is large enough, as with real routing), and also with every token on the same n_used
-    experts (`few_median_us`): a real routing's time lies between (`op_time_us`'s active)."""
-    if op == "MUL_MAT":
-        res = _core.profile_mul_mat(device, wtype, shape[0], shape[1], cols, threads, warmup, repeats, repack, host_of,
-                                    layout)
-        return res, [{} for _ in cols]
-    assert n_used is not None
-    active = [min(shape[2], n * n_used) for n in cols]
-    res = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, cols, active, threads, warmup,
-                                   repeats, repack, host_of, layout)
-    extra: list[dict[str, Any]] = [{"n_expert_used": n_used, "n_active": a} for a in active]
-    few = [n for n, a in zip(cols, active, strict=True) if a > n_used]
-    if few:
-        res_few = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, few,
-                                           [n_used] * len(few), threads, warmup, repeats, repack, host_of, layout)
-        for x, n in zip(extra, cols, strict=True):
-            if n in few:
-                x["few_median_us"] = statistics.median(res_few[few.index(n)].samples_us)
-    return res, extra
-
-
-def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str, shape: tuple[int, ...],
-                  cols: list[int], timed: tuple[list[Any], list[dict[str, Any]]],
-                  time_in: Callable[[str], tuple[list[Any], list[dict[str, Any]]]]) -> None:
-    """A host weight matmul (MUL_MAT, or a mixture of experts' MUL_MAT_ID) in the layout its default
-    load did not time: the plain one when the default is repacked; the repacked one, if the CPU has
-    it for this weight, when the default is plain (no repacking, or a GPU's host memory). Both go to
-    `out` (layout -> op key -> stats). time_in(layout): timed with repacking on and no GPU host
-    memory, in that layout ("": the loader's own choice)."""
-    default = timed[0][0].buffer_type
-    if default == REPACK:
-        pairs = {REPACK: timed, PLAIN: time_in(PLAIN)}
-    else:
-        other = time_in("")  # the loader's own probe: only a weight CPU_REPACK supports may be put there
-        if other[0][0].buffer_type != REPACK:
-            return
-        pairs = {PLAIN: timed, REPACK: other}
-    for lay, (res, extra) in pairs.items():
-        for n, r, x in zip(cols, res, extra, strict=True):
-            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
-                                                                            "buffer_type": r.buffer_type, **x}
-
-
-def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
-            progress: bool = True, known: KnownTimes | None = None) -> Profile:
-    """Time every target op signature of `inv` on every device, and the host<->device links.
-    known: one-op times already measured on these devices with these settings (a device model's,
-    devicemodel.py; its devices under today's names): a weight matmul it has at every column count
-    is taken from it, not timed again."""
-    t_start = time.perf_counter()
-    reused = 0
-    devs = [devmod.resolve(d) for d in devices]
-    sigs = signatures(inv)
-    shapes = shapes_hash(inv)
-    ops: dict[str, dict[str, dict[str, Any]]] = {d.name: {} for d in devs}
-    links: dict[str, dict[str, Link]] = {}
-    info: dict[str, dict[str, Any]] = {}
-    layouts: dict[str, dict[str, dict[str, Any]]] = {}
-    total = len(sigs) * len(devs)
-    done = 0
-    # with a GPU-class device in the load, llama.cpp keeps host weights in its pinned host buffer
-    # type (plain layout), ahead of the repacked ones: time the CPU's ops in that memory
-    host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
-    # MUL_MAT_ID signatures -> the experts each token is routed to (ne[0] of the ops' ids)
-    routed: dict[tuple[str, str, tuple[int, ...]], set[int]] = {}
-    for g in inv.graphs:
-        for o in inv.target_ops(g):
-            if o.op == "MUL_MAT_ID":
-                routed.setdefault((o.op, o.weight_type, o.weight_shape), set()).add(o.n_expert_used)
-    for d in devs:
-        threads = settings.threads if d.is_host else 1
-        launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
-        issue = _core.profile_launch(d.name, threads, warmup, max(repeats, 5), wait=False)
-        info[d.name] = {"description": d.description, "kind": d.kind, "launch_us": statistics.median(launch.samples_us),
-                        "issue_us": statistics.median(issue.samples_us)}
-        for (op, wtype, shape), ns in sorted(sigs.items()):
-            cols = sorted(ns)
-            n_used = None
-            if op == "MUL_MAT_ID" and len(shape) == 3 and len(routed.get((op, wtype, shape), ())) == 1:
-                (n_used,) = routed[(op, wtype, shape)]
-            elif op != "MUL_MAT":
-                raise ProfileError(f"profiling {op} is not supported yet ({wtype} {shape}, experts used: "
-                                   f"{sorted(routed.get((op, wtype, shape), ()))})")
-            if op == "MUL_MAT" and known is not None:
-                left = _take_known(known, d.name, d.is_host, op, wtype, shape, cols, ops[d.name], layouts)
-                reused += len(cols) - len(left)
-                if not left:
-                    done += 1
-                    continue
-                cols = left
-            try:
-                res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
-                                      settings.repack, host_of)
-            except RuntimeError as e:
-                if d.is_host or not is_unsupported(e):
-                    raise ProfileError(str(e)) from None
-                # an accelerator refusing the op at this size (lavapipe: a 262144-row tied output matrix):
-                # its weight stays on the host (schedmodel), as llama.cpp's loader keeps it
-                ops[d.name].update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
-                done += 1
-                continue
-            try:
-                if d.is_host:
-                    _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
-                                  lambda lay, op=op, wtype=wtype, shape=shape, cols=cols, n_used=n_used, threads=threads:
-                                  time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
-                                           lay))
-            except RuntimeError as e:
-                raise ProfileError(str(e)) from None
-            for n, r, x in zip(cols, res, extra, strict=True):
-                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
-                                                                    "buffer_type": r.buffer_type, **x}
-            done += 1
-            if progress:
-                print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
-                      f"at {','.join(map(str, cols))} cols)".ljust(100), end="", file=sys.stderr, flush=True)
-        if not d.is_host:
-            links[d.name] = {}
-            for direction, h2d in (("h2d", True), ("d2h", False)):
-                pts = []
-                for b in _spread(_activation_sizes(inv)):
-                    r = _core.profile_copy(d.name, b, h2d, warmup, repeats)
-                    pts.append((b, statistics.median(r.samples_us)))
-                links[d.name][direction] = Link.fit(pts)
-    if progress:
-        print(f"\rprofile: {total} op shapes on {len(devs)} device(s) in {time.perf_counter() - t_start:.1f} s"
-              f"{f' ({reused} op timings from the device model)' if reused else ''}".ljust(100), file=sys.stderr, flush=True)
-    prof = Profile(profile_key(shapes, devs, settings), shapes, info, settings, build_info(), ops, links,
-                   layouts=layouts)
-    prof.elapsed_s = time.perf_counter() - t_start
-    return prof
-
-
-def _take_known(known: KnownTimes, device: str, is_host: bool, op: str, wtype: str, shape: tuple[int, ...],
-                cols: list[int], out: dict[str, dict[str, Any]], layouts: dict[str, dict[str, dict[str, Any]]]) -> list[int]:
-    """Copy a weight matmul's times at those of `cols` that `known` has into `out` (and, on the
-    host, its other layouts' into `layouts`); the column counts still to time."""
-    have = known.ops.get(device, {})
-    keys = {n: Profile.op_key(op, wtype, shape, n) for n in cols}
-    found = [k for k in keys.values() if k in have]
-    out.update({k: dict(have[k]) for k in found})
-    if is_host:
-        for lay, table in known.layouts.items():
-            layouts.setdefault(lay, {}).update({k: dict(table[k]) for k in found if k in table})
-    return [n for n, k in keys.items() if k not in have]
-
-
 def default_settings(threads: int | None, *, op_offload: bool = True, mmap: bool = True, repack: bool = True,
                      calibrated: bool = True, server_threads: int = 0) -> Settings:
     """A measurement's settings; threads default to llama-cpp-python's for generation (half the cores)."""
     return Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
                     server_threads)
-
-
-def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | None = None,
-                  n_tokens: Sequence[int] = DEFAULT_TOKENS, n_ctx: int = 4096, op_offload: bool = True,
-                  mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
-                  progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
-                  server_threads: int = 0, known: KnownTimes | None = None) -> Profile:
-    """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
-    with the same key. `threads` defaults to llama-cpp-python's default for generation.
-    calibrated: also time the real graph (calibrate.py); server_threads: threads of the
-    rpc-server among `devices`, when known (part of the key: the times depend on it); known:
-    one-op times to take rather than measure (`measure`)."""
-    settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
-                                server_threads=server_threads)
-    if inv is None:
-        inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx)
-    devs = [devmod.resolve(d) for d in devices]
-    key = profile_key(shapes_hash(inv), devs, settings)
-    cached = cache_dir() / f"{key}.json"
-    if cache and cached.exists():
-        try:
-            prof: Profile | None = Profile.load(cached).renamed([d.name for d in devs])
-        except (ProfileError, KeyError, ValueError):
-            prof = None  # unreadable: measure again
-        if prof is not None:
-            if progress:
-                print(f"profile: reusing {cached}", file=sys.stderr)
-            # outside the try: a routing that cannot be measured is an error, not an unreadable cache
-            if _remeasure_routing(prof, path, settings, progress):
-                prof.save(cached)
-            return prof
-    acc = next((d.name for d in devs if not d.is_host), None)
-    before = hostspeed.measure_devices(settings.threads, acc)
-    prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress,
-                   known=known)
-    if calibrated:
-        prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
-                                     op_offload=op_offload, mmap=mmap, progress=progress)
-        prof.elapsed_s += prof.calibration.elapsed_s
-    prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before,
-                       "after": hostspeed.measure_devices(settings.threads, acc)}
-    if cache:
-        prof.save(cached)
-    return prof
-
-
-def _remeasure_routing(prof: Profile, path: str | Path, settings: Settings, progress: bool) -> bool:
-    """A cached calibration's routing was measured on another model of these shapes (the cache key
-    is the shapes): measure this model's (one prompt pass). True when it did."""
-    cal = prof.calibration
-    if cal is None or cal.routing is None or cal.routing.model == routing_fingerprint(path):
-        return False
-    cal.routing = measure_routing(path, cal.routing.n_expert, n_tokens=cal.routing.n_tokens, threads=settings.threads,
-                                  mmap=settings.mmap, progress=progress)
-    if progress:
-        print(file=sys.stderr)
-    return True
-
-
-# --- CLI ------------------------------------------------------------------------------------
-
-
-@dataclass
-class ProfileOptions:
-    """Everything `oallama profile` takes (its flags are generated from these fields)."""
-
-    model: Path = option(positional=True, help="GGUF model file")
-    device: str | None = option(None, help="accelerator to profile besides the CPU", default_help="the first GPU")
-    rpc_local: bool = option(False, help="use a loopback rpc-server as the accelerator")
-    rpc_threads: int = option(1, help="threads of that rpc-server")
-    rpc_cpus: tuple[int, ...] | None = option(None, metavar="CPU,...", help="CPUs of that rpc-server; the client "
-                                              "then runs on the others", default_help="wherever the kernel puts them")
-    threads: int | None = option(None, help="CPU threads", default_help="llama-cpp-python's")
-    tokens: list[int] = option(list(DEFAULT_TOKENS), help="token counts to profile at")
-    repeats: int = option(5, help="timed runs per op (median and spread)")
-    cache: bool = option(True, help="reuse a matching cached profile (--no-cache: measure again)")
-    calibrate: bool = option(True, help="also time the model's real graph and fit what one-op timings miss "
-                             "(other ops, overheads; see planner/calibrate.py)")
-    output: Path | None = option(None, short="-o", help="also write the profile to this file")
-
-
-def _cmd_profile(args: argparse.Namespace) -> int:
-    from ..runtime.rpc import local_server_if
-
-    o = from_args(ProfileOptions, args)
-    with local_server_if(o.rpc_local and not o.device, o.rpc_threads, o.rpc_cpus) as server:
-        devices = ["CPU"]
-        if o.device:
-            devices.append(o.device)
-        elif server is not None:
-            devices.append(server.device_name)
-        else:
-            acc = devmod.default_accelerator()
-            if acc is not None:
-                devices.append(acc.name)
-        server_threads = o.rpc_threads if server is not None else 0
-        prof = profile_model(o.model, devices, threads=o.threads, n_tokens=sorted(set(o.tokens)), cache=o.cache,
-                             repeats=o.repeats, calibrated=o.calibrate, server_threads=server_threads)
-        print(f"profile {prof.key[:12]}: devices {', '.join(prof.devices)}; threads={prof.settings.threads}; "
-              f"{sum(len(v) for v in prof.ops.values())} measurements in {prof.elapsed_s:.1f} s")
-        for dev, ls in prof.links.items():
-            for k, link in ls.items():
-                print(f"  {dev} {k}: latency {link.latency_us:.1f} us, {link.bytes_per_us * 1e6 / 2**30:.2f} GiB/s")
-        cal = prof.calibration
-        if cal is not None:
-            dec = f"; a decode pass {cal.decode_us:.0f} us" if cal.decode_us is not None else ""
-            print(f"  calibration ({cal.elapsed_s:.1f} s): outside the graph {cal.pass_a_us:.0f} us per prompt pass "
-                  f"+ {cal.pass_b_us:.2f} us per token{dec}")
-            for dev, dc in cal.devices.items():
-                print(f"  {dev}: {len(dc.ops) - 1} op kinds fitted; weight matmuls {dc.matmul_scale:.2f} x their "
-                      f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone; per pass size x "
-                      f"{', '.join(f'{r:.2f} ({n} tok)' for n, r in sorted(dc.anchors.items())) or '1'}"
-                      + (f"; weight matmuls at their one-op time at {', '.join(map(str, sorted(dc.mm_anchors)))} tok"
-                         if dc.mm_anchors else ""))
-        if o.output:
-            print(f"wrote {prof.save(o.output)}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("profile", help="time every weight-bearing op of a model on each device")
-    add_arguments(p, ProfileOptions)
-    p.set_defaults(func=_cmd_profile)

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ProfileError
-from .graph import node_layer
+from ...errors import ProfileError
+from ..graph import node_layer
 from .mmshares import class_key, fit_shares, interpolated, share
 from .realpass import MATMUL_OPS, VIEW_OPS
 from .rounds import context_bounded

@@ -19,9 +19,10 @@ import contextlib
 import sys
 from collections.abc import Iterable
 
-from ..errors import ProfileError
-from .graph import Graph, target_ops
-from .profile import UNSUPPORTED, Profile, cache_dir, is_unsupported, op_stats, time_op
+from ...errors import ProfileError
+from ..graph import Graph, target_ops
+from .measure import time_op
+from .profile import UNSUPPORTED, Profile, cache_dir, is_unsupported, op_stats
 
 Signature = tuple[str, str, tuple[int, ...]]  # (op, weight type, weight shape)
 
@@ -63,7 +64,7 @@ def time_missing(profile: Profile, graphs: Iterable[Graph], device: str, *, warm
         except RuntimeError as e:
             if not is_unsupported(e):
                 raise ProfileError(f"timing {op} {wtype} {shape} at {cols} cols on {device}: {e}") from None
-            # refused at these sizes: marked, as `profile.measure` marks it
+            # refused at these sizes: marked, as `measure.measure` marks it
             table.update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
             continue
         for n, r, x in zip(cols, res, extra, strict=True):

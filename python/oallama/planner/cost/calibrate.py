@@ -73,8 +73,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import _core
-from ..errors import OallamaError, ProfileError
+from ... import _core
+from ...errors import OallamaError, ProfileError
 from . import outside
 from .calfit import Calibration, fit, line, work
 from .realpass import (
@@ -303,10 +303,10 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
     which does not change between rounds; host_only: the host load's passes alone; refused: weights
     (type, shape) the accelerator refused to run when profiled, never streamed to it)."""
-    from ..model import gguf_file
-    from ..runtime import devices as devmod
-    from ..runtime.generate import prompt_tokens
-    from ..runtime.llama import Llama
+    from ...model import gguf_file
+    from ...runtime import devices as devmod
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
 
     info = gguf_file.check_model(path)
     n_layer = int(info.hparam("block_count", 0))

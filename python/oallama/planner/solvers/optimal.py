@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import highspy
 import numpy as np
 
+from ..cost.schedmodel import NEVER, PassModel, Placement
 from . import chaindp
-from .schedmodel import NEVER, PassModel, Placement
 
 
 class _Lin:

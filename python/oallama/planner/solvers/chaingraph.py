@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .. import _core
+from ... import _core
+from ..cost.schedmodel import NEVER
 from .chainwalk import ACC, NotDecomposable, Walk, layer_of, shift_key, shift_src
-from .schedmodel import NEVER
 
 
 class StageGraph:

@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._files import cache_base, read_json, write_json
-from ..errors import ProfileError
-from ..model import gguf_file
-from ..runtime import devices as devmod
+from ..._files import cache_base, read_json, write_json
+from ...errors import ProfileError
+from ...model import gguf_file
+from ...runtime import devices as devmod
 from .calfit import Calibration, DeviceCalibration, OpFit
 from .profile import KnownTimes, Settings, build_info, device_identity
 
@@ -171,7 +171,7 @@ def reference_model(progress: bool = True) -> Path:
     env = os.environ.get("OALLAMA_REFERENCE_MODEL")
     if env:
         return Path(env)
-    from ..model import synthetic
+    from ...model import synthetic
 
     preset, qtype, layers = REFERENCE
     p = cache_base() / "models" / f"reference-{preset}-{qtype}-{layers}l.gguf"
@@ -186,8 +186,8 @@ def reference_model(progress: bool = True) -> Path:
 
 def _sample_us(path: Path, threads: int, reps: int = 20) -> float:
     """Sampling one token from a pass's logits as the generation loop does (us; outside.sample_us)."""
-    from ..runtime.generate import prompt_tokens
-    from ..runtime.llama import Llama
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
     from .outside import sample_us
 
     llm = Llama(str(path), n_gpu_layers=0, n_ctx=256, n_batch=32, n_ubatch=32, n_threads=threads,
