@@ -231,6 +231,25 @@ def stock_placement(log: str, tensor_names: list[str], n_layer: int) -> dict[str
     return out
 
 
+def stock_context(log: str) -> dict[str, str]:
+    """The context a stock llama.cpp load ran with, from its log: llama_context's n_ctx, n_batch,
+    n_ubatch, n_seq_max and flash_attn lines, and the KV cache's K and V types (the first cache's)."""
+    import re
+
+    out = {m[1]: m[2] for m in re.finditer(r"llama_context: (n_ctx|n_batch|n_ubatch|n_seq_max|flash_attn) += (\S+)",
+                                           log)}
+    if m := re.search(r"K \((\w+)\): .*?, V \((\w+)\)", log):
+        out["type_k"], out["type_v"] = m[1], m[2]
+    return out
+
+
+def planned_context(plan: Any) -> dict[str, str]:
+    """What `stock_context` should read for a plan's emitted command (planner.plan.Plan.stock_settings)."""
+    s = plan.settings
+    return {"n_ctx": str(s["n_ctx"]), "n_batch": str(s["n_ubatch"]), "n_ubatch": str(s["n_ubatch"]), "n_seq_max": "1",
+            "flash_attn": "enabled" if s["flash_attn"] else "disabled", "type_k": "f16", "type_v": "f16"}
+
+
 def greedy_tokens(llm: Any, prompt: str, n: int) -> list[int]:
     """The first `n` greedily generated token ids after `prompt` (with BOS), as llama-server's
     /completion returns them with "return_tokens" (text would differ at a split UTF-8 character)."""

@@ -14,7 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import greedy_tokens, post_json, sched_model_mismatches, stock_placement, stock_server
+from helpers import (
+    greedy_tokens,
+    planned_context,
+    post_json,
+    sched_model_mismatches,
+    stock_context,
+    stock_placement,
+    stock_server,
+)
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
 from oallama.planner.cost.calfit import DeviceCalibration, OpFit
 from oallama.planner.cost.profile import Link, Profile
@@ -362,7 +370,8 @@ def test_flow_on_an_rpc_device_matches_cpu(strategy: str, tiny_f16: Path, rpc_se
 def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, rpc_server: rpc.RpcServer, fast_ctx,
                                                 tmp_path: Path) -> None:
     """`oallama plan --emit-ot`'s command on oallama's stock llama-server: the weights go where the
-    plan says (read from the server's own load log) and it generates what oallama's load generates."""
+    plan says and the context has the settings it was costed at (both read from the server's own
+    load log), and it generates what oallama's load generates."""
     plan = make_plan(fast_ctx, strategy, "60%")
     cmd = plan.stock_command()
     assert cmd[:3] == ["llama-server", "-m", str(tiny_f16)]
@@ -370,7 +379,8 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     on_acc = {w for w, d in plan.assignment().items() if d == rpc_server.device_name}
     assert on_acc, "the favourable profile should put weights on the rpc device"
     prompt, n = "Once upon a time, in a land far away, there lived", 12
-    settings = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_threads": 1, "flash_attn": False}
+    wl = plan.workload  # loaded as the runtime loads a plan (tests/helpers.real_runs)
+    settings = {"n_ctx": wl.n_ctx, "n_batch": wl.n_ubatch, "n_ubatch": wl.n_ubatch, "n_threads": 1, "flash_attn": False}
     with contextlib.closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), verbose=False,
                                   **settings)) as llm:
         assert {w for w, d in llm.tensor_devices().items() if d == rpc_server.device_name} == on_acc
@@ -379,11 +389,13 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     log = tmp_path / "llama-server.log"
     with rpc.start_server(threads=1) as other:
         args = [a.replace(rpc_server.endpoint, other.endpoint) for a in cmd[1:]]
-        with stock_server([*args, "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
+        with stock_server([*args, "-v"], log) as url:  # the command as emitted: it pins every setting
             out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
                                                   "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True})
-    placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), fast_ctx.n_layer)
+    text = log.read_text(errors="replace")
+    placed = stock_placement(text, list(plan.assignment()), fast_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith("RPC0")} == on_acc
+    assert stock_context(text) == planned_context(plan)
     assert out["tokens"] == want
 
 

@@ -21,9 +21,11 @@ import pytest
 from helpers import (
     assert_runs_as_predicted,
     greedy_tokens,
+    planned_context,
     post_json,
     real_runs,
     sched_model_mismatches,
+    stock_context,
     stock_placement,
     stock_server,
 )
@@ -202,11 +204,13 @@ def test_emitted_stock_command_places_as_planned_on_vulkan(strategy: str, vk: st
         assert {w for w, d in llm.tensor_devices().items() if d == vk} == on_acc
         want = greedy_tokens(llm, prompt, n)
     log = tmp_path / "llama-server.log"
-    with stock_server([*cmd[1:], "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off", "-v"], log) as url:
+    with stock_server([*cmd[1:], "-v"], log) as url:  # the command as emitted: it pins every setting
         out = post_json(url + "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
                                               "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True})
-    placed = stock_placement(log.read_text(errors="replace"), list(plan.assignment()), vk_ctx.n_layer)
+    text = log.read_text(errors="replace")
+    placed = stock_placement(text, list(plan.assignment()), vk_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith(vk)} == on_acc
+    assert stock_context(text) == planned_context(plan)
     if not any(b <= len(prompt) for b in plan.offload_policy().values()):  # the same ops on the same devices
         assert out["tokens"] == want
 

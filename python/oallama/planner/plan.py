@@ -148,10 +148,31 @@ class Plan:
             args += ["--op-offload"]  # and GGML_OP_OFFLOAD_MIN_BATCH=1 in the environment
         return args
 
+    def stock_settings(self) -> list[str]:
+        """The settings this plan was costed at, pinned for stock llama.cpp. Left unset, llama-server
+        runs its own: flash attention `auto`, `--fit on` (which rewrites the context size and the
+        placement to fill device memory), 4 slots, 2048/512-token batches, its thread count, none of
+        which the plan costed. The KV cache is f16 and one sequence, as the runtime loads a plan."""
+        s = self.settings
+        args: list[str] = []
+        if s.get("n_ctx"):
+            args += ["-c", str(s["n_ctx"])]
+        if s.get("n_ubatch"):  # the runtime runs a plan's passes at n_batch = n_ubatch
+            args += ["-b", str(s["n_ubatch"]), "-ub", str(s["n_ubatch"])]
+        args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", "f16", "-ctv", "f16", "-np", "1",
+                 "--fit", "off"]
+        if s.get("threads"):
+            args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
+        if s.get("op_offload") is False:
+            args.append("--no-op-offload")
+        if s.get("mmap") is False:
+            args.append("--no-mmap")
+        return args
+
     def stock_command(self, binary: str = "llama-server") -> list[str]:
-        """The whole stock llama.cpp command line loading the model with this placement: the model,
-        the accelerator as stock names it (an rpc-server: `--rpc host:port --device RPC0`), then
-        `emit_args`."""
+        """The whole stock llama.cpp command line running this plan: the model, the accelerator as
+        stock names it (an rpc-server: `--rpc host:port --device RPC0`), `emit_args` (the placement)
+        and `stock_settings` (what the plan was costed at)."""
         cmd = [binary, "-m", str(self.model.get("path", "MODEL.gguf"))]
         if self.accelerator:
             ep = devmod.rpc_endpoint(self.accelerator)
@@ -160,7 +181,7 @@ class Plan:
                 cmd += ["--rpc", ep, "--device", f"RPC{index}"]
             else:
                 cmd += ["--device", self.accelerator]  # ggml's own name (CUDA0, Vulkan0)
-        return cmd + self.emit_args()
+        return cmd + self.emit_args() + self.stock_settings()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "strategy": self.strategy, "model": self.model, "devices": self.devices,
