@@ -25,6 +25,9 @@ oallama_fit_result oallama_fit_params(const std::string & path, const std::vecto
     cp.n_batch         = n_batch;
     cp.n_ubatch        = n_ubatch;
     cp.n_seq_max       = 1;
+    // one row of logits per ubatch, as oallama's Llama (without logits_all) and llama-server reserve
+    cp.n_outputs_max         = 1;
+    cp.n_outputs_max_per_seq = 1;
     cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
 
     std::vector<float> split(llama_max_devices(), 0.0f);

@@ -55,6 +55,9 @@ oallama_session * oallama_session_init(const oallama_session_params & p) {
     cp.n_batch         = p.n_batch;
     cp.n_ubatch        = p.n_ubatch;
     cp.n_seq_max       = 1;
+    // one row of logits per ubatch, as oallama's Llama (without logits_all) and llama-server reserve
+    cp.n_outputs_max         = 1;
+    cp.n_outputs_max_per_seq = 1;
     cp.n_threads       = p.n_threads;
     cp.n_threads_batch = p.n_threads;
     cp.op_offload      = p.op_offload;

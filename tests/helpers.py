@@ -243,6 +243,27 @@ def stock_context(log: str) -> dict[str, str]:
     return out
 
 
+def stock_memory(log: str, device: str) -> dict[str, int]:
+    """Bytes a stock llama.cpp load put on `device` (its name as the log prints it, e.g. "Vulkan0";
+    "RPC0" matches "RPC0[host:port]"), from its log: weights ("model"), KV cache ("context") and
+    compute buffers, as a plan's `memory` counts them. The log rounds each to 0.01 MiB."""
+    import re
+
+    kinds = {"model": "model", "KV": "context", "compute": "compute"}
+    out = dict.fromkeys(kinds.values(), 0)
+    for m in re.finditer(rf"\w+: +{re.escape(device)}(?:\[[^\]]*\])? (model|KV|compute) buffer size = +([\d.]+) MiB", log):
+        out[kinds[m[1]]] += round(float(m[2]) * 2**20)
+    return out
+
+
+def assert_memory_as_planned(plan: Any, log: str, device: str) -> None:
+    """The stock load's bytes on `device` within 2% of the plan's (or the log's 0.01 MiB rounding)."""
+    got = stock_memory(log, device)
+    for kind, planned in got.items():
+        want = plan.memory[kind]
+        assert abs(planned - want) <= max(0.02 * want, 0.005 * 2**20 + 1), (kind, "stock", planned, "planned", want)
+
+
 def planned_context(plan: Any) -> dict[str, str]:
     """What `stock_context` should read for a plan's emitted command (planner.plan.Plan.stock_settings)."""
     s = plan.settings

@@ -10,11 +10,13 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from helpers import (
+    assert_memory_as_planned,
     greedy_tokens,
     planned_context,
     post_json,
@@ -23,7 +25,7 @@ from helpers import (
     stock_placement,
     stock_server,
 )
-from oallama import BudgetError, Llama, PlanError, UnknownDeviceError
+from oallama import BudgetError, Llama, PlanError, UnknownDeviceError, _core
 from oallama.planner.cost.calfit import DeviceCalibration, OpFit
 from oallama.planner.cost.profile import Link, Profile
 from oallama.planner.cost.schedmodel import HOST, NEVER, Placement
@@ -396,7 +398,29 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     placed = stock_placement(text, list(plan.assignment()), fast_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith("RPC0")} == on_acc
     assert stock_context(text) == planned_context(plan)
+    assert_memory_as_planned(plan, text, "RPC0")
     assert out["tokens"] == want
+
+
+def test_a_plans_memory_is_what_its_load_reserves(fast_ctx, tiny_f16: Path, rpc_server: rpc.RpcServer,
+                                                  tmp_path: Path) -> None:
+    """The plan's bytes on the accelerator (llama.cpp's accounting of a metadata-only load) are the
+    loaded model's, compute buffers included: both reserve one row of logits per ubatch, as
+    llama-server does. A Llama that reads every token's logits (logits_all) reserves a row per token."""
+    plan = make_plan(fast_ctx, "layers", "60%")
+    wl, path = plan.workload, str(plan.save(tmp_path / "plan.json"))
+    kw: dict[str, Any] = {"n_ctx": wl.n_ctx, "n_batch": wl.n_ubatch, "n_ubatch": wl.n_ubatch, "n_threads": 1,
+                          "verbose": False}
+
+    def reserved(**more: Any) -> dict[str, int]:
+        with contextlib.closing(Llama(str(tiny_f16), placement=path, **kw, **more)) as llm:
+            rows = [m for m in _core.memory(llm.native_context) if m.device == rpc_server.device_name]
+        return {k: sum(int(getattr(m, k)) for m in rows) for k in ("model", "context", "compute")}
+
+    got = reserved()
+    assert got["model"] > 0 and got == {k: plan.memory[k] for k in got}
+    every = reserved(logits_all=True)
+    assert every["model"] == got["model"] and every["compute"] > got["compute"]
 
 
 def test_plan_file_for_another_model_is_refused(fast_ctx, synth_model, tmp_path: Path) -> None:

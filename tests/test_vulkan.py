@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import (
+    assert_memory_as_planned,
     assert_runs_as_predicted,
     greedy_tokens,
     planned_context,
@@ -211,6 +212,7 @@ def test_emitted_stock_command_places_as_planned_on_vulkan(strategy: str, vk: st
     placed = stock_placement(text, list(plan.assignment()), vk_ctx.n_layer)
     assert {w for w, d in placed.items() if d.startswith(vk)} == on_acc
     assert stock_context(text) == planned_context(plan)
+    assert_memory_as_planned(plan, text, vk)
     if not any(b <= len(prompt) for b in plan.offload_policy().values()):  # the same ops on the same devices
         assert out["tokens"] == want
 

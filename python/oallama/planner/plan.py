@@ -100,6 +100,12 @@ class Plan:
         """host weight -> min batch from which its op is streamed (empty: llama.cpp's default)."""
         return {w: int(b) for w, b in self.placement.min_batch.items() if w not in self.placement.on_acc}
 
+    def streams_nothing(self) -> bool:
+        """The plan keeps every host weight's op on the host ("never" for each weight it names; the
+        weights it does not name are those no pass of its workload would stream anyway)."""
+        pol = self.offload_policy()
+        return bool(self.accelerator) and bool(pol) and all(b >= NEVER for b in pol.values())
+
     @property
     def load_mode(self) -> str:
         """How the plan loads: llama.cpp's fit patterns as they are, n_gpu_layers alone, or overrides
@@ -144,6 +150,8 @@ class Plan:
             args += place.LoadSpec(spec.assignment, spec.devices, [o for o in spec.overrides if o not in layout_ov],
                                    spec.buffer_types).ot_arguments()
         args += self.stock_layouts() or []
+        if self.streams_nothing():  # stock's one switch says exactly that (its default streams at 32 tokens)
+            args += ["--no-op-offload"]
         if self.strategy == "flexgen":
             args += ["--op-offload"]  # and GGML_OP_OFFLOAD_MIN_BATCH=1 in the environment
         return args
@@ -181,7 +189,8 @@ class Plan:
                 cmd += ["--rpc", ep, "--device", f"RPC{index}"]
             else:
                 cmd += ["--device", self.accelerator]  # ggml's own name (CUDA0, Vulkan0)
-        return cmd + self.emit_args() + self.stock_settings()
+        emit = self.emit_args()
+        return cmd + emit + [a for a in self.stock_settings() if a not in emit or not a.startswith("--no-")]
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "strategy": self.strategy, "model": self.model, "devices": self.devices,
@@ -542,7 +551,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if o.emit_ot:
             print("\nstock llama.cpp equivalent of the weight placement (llama-cli takes the same arguments):")
             print(" ".join(_shell_quote(a) for a in chosen.stock_command()))
-            if chosen.offload_policy():
+            if chosen.offload_policy() and not chosen.streams_nothing():
                 print("# per-tensor streaming thresholds need oallama (stock llama.cpp has one global "
                       "GGML_OP_OFFLOAD_MIN_BATCH)")
             if chosen.stock_layouts() is None:

@@ -34,7 +34,9 @@ Every constructor argument and method of `llama_cpp.Llama` works unchanged. New 
     >>> llm.tensor_devices()["output.weight"]        # read back from the loaded model
     'CUDA0'
 
-Weights the placement does not name follow `place.DEFAULT_RULE`.
+Weights the placement does not name follow `place.DEFAULT_RULE`. Without logits_all, embedding or a
+draft model, the context reserves one row of logits per ubatch (`outputs_reserved`), as llama-server
+and oallama's plans do, not llama.cpp's default of one per token.
 """
 
 from __future__ import annotations
@@ -136,19 +138,20 @@ class _LoadProgress:
 
 
 @contextlib.contextmanager
-def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None) -> Iterator[None]:
-    """Have llama_cpp.Llama.__init__ build its llama_model_params with our fields set.
+def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None, n_outputs_max: int = 0) -> Iterator[None]:
+    """Have llama_cpp.Llama.__init__ build its llama_model_params with our fields set, and its
+    llama_context_params with `n_outputs_max` (0: llama.cpp's default, n_batch).
 
-    Llama.__init__ starts from llama_model_default_params() and never touches `devices`,
-    `tensor_buft_overrides` or the progress callback; wrapping that one call is the least
-    intrusive way in.
+    Llama.__init__ starts from llama_model_default_params() and llama_context_default_params() and
+    never touches `devices`, `tensor_buft_overrides`, the progress callback or `n_outputs_max`;
+    wrapping those calls is the least intrusive way in.
     """
     active = [h for h in hooks if h is not None]
-    if not active:
+    if not active and not n_outputs_max:
         yield
         return
     with _params_hook_lock:
-        original = _C.llama_model_default_params
+        original, original_ctx = _C.llama_model_default_params, _C.llama_context_default_params
 
         def patched() -> _C.llama_model_params:
             params = original()
@@ -156,11 +159,28 @@ def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None) -> Iter
                 h.apply(params)
             return params
 
+        def patched_ctx() -> _C.llama_context_params:
+            params = original_ctx()
+            params.n_outputs_max = params.n_outputs_max_per_seq = n_outputs_max
+            return params
+
         _C.llama_model_default_params = patched
+        if n_outputs_max:
+            _C.llama_context_default_params = patched_ctx
         try:
             yield
         finally:
-            _C.llama_model_default_params = original
+            _C.llama_model_default_params, _C.llama_context_default_params = original, original_ctx
+
+
+def outputs_reserved(kwargs: Mapping[str, Any]) -> int:
+    """The outputs (rows of logits) per ubatch a Llama with these keywords reserves compute memory
+    for: 1 where it reads only the last token's logits (llama-cpp-python without logits_all,
+    embedding or a draft model), as llama-server reserves one per slot; else 0 (llama.cpp's
+    default: n_batch). llama.cpp's default would hold n_ubatch rows of the vocabulary in the
+    output's compute buffer: 512 MiB at ubatch 512 for a 262144-token vocabulary."""
+    wants_all = kwargs.get("logits_all") or kwargs.get("embedding") or kwargs.get("draft_model") is not None
+    return 0 if wants_all else 1
 
 
 def _rpc_error(failed: Sequence[str], doing: str, model_path: str) -> RpcServerError:
@@ -337,7 +357,7 @@ class Llama(llama_cpp.Llama):
             if self.load_spec.dual_max_batch > 0:
                 _core.cpu_set_dual_max_batch(self.load_spec.dual_max_batch)  # process-wide (patch 0006)
         progress = _LoadProgress(load_progress) if load_progress is not None else None
-        with _model_params_hook(self._native_load_params, progress):
+        with _model_params_hook(self._native_load_params, progress, n_outputs_max=outputs_reserved(kwargs)):
             try:
                 super().__init__(model_path, *args, **kwargs)
             except jinja2.TemplateError as e:  # llama_cpp compiles the GGUF's chat templates
