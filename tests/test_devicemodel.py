@@ -14,6 +14,7 @@ from oallama.planner import plan as planmod
 from oallama.planner.cost import devicemodel
 from oallama.planner.cost import measure as measuremod
 from oallama.planner.cost import profile as profilemod
+from oallama.planner.graph import target_ops
 from oallama.runtime import llama as llamamod
 from oallama.runtime.planfile import ConfirmOptions
 
@@ -130,3 +131,25 @@ def test_a_model_of_the_references_shapes_takes_its_matmul_times_from_the_device
     ctx2 = planmod.build_context(wider, None, WORKLOAD, threads=1, progress=False)
     own = signatures(ctx2.profile.ops["CPU"])
     assert timed and set(timed) == own - signatures(dm.matmuls["ops"]["CPU"])
+
+
+def test_the_reference_s_layer_weights_are_kept_at_every_column_count(
+        runs: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, synth_model: Any) -> None:
+    """A 2-layer Q4_K_M reference: its last layer's ffn_down is q6_K, the only one, and llama.cpp runs a
+    last layer's feed-forward on the output rows alone (1 column). A deeper model of the same widths
+    runs q6_K ffn_down in other layers at every pass size: the device model keeps every layer
+    weight at every column count of a profile."""
+    ref = synth_model("tiny", "q4_k_m", n_layer=2)
+    monkeypatch.setenv("OALLAMA_REFERENCE_MODEL", str(ref))
+    twin = synthetic.write_model(tmp_path / "twin.gguf", "tiny", "q4_k_m", n_layer=2, shape_only=True, progress=False)
+    ctx = planmod.build_context(twin, None, WORKLOAD, threads=1, progress=False)
+    dm = devicemodel.lookup(["CPU"], profilemod.default_settings(1))
+    assert dm is not None and runs["calibrated"] == [str(ref)]
+    down = [op for pm in ctx.passes.values() for op in target_ops(pm.graph) if op.weight == "blk.1.ffn_down.weight"]
+    assert down and {op.n_tokens for op in down} == {1} and down[0].weight_type == "q6_K"
+    for pm in ctx.passes.values():
+        for op in target_ops(pm.graph):
+            if op.layer is not None:
+                keys = {profilemod.Profile.op_key(op.op, op.weight_type, op.weight_shape, n)
+                        for n in profilemod.DEFAULT_TOKENS}
+                assert keys <= dm.matmuls["ops"]["CPU"].keys(), op.weight

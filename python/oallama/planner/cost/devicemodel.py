@@ -17,7 +17,9 @@ terms that describe the devices rather than that model, and costs any other mode
               of each, sampling the token grows with the vocabulary: `sample_us_per_id` * n_vocab
   per link    streamed weights (latency us, bytes/us), a change of device (us per split), and
               what an attached rpc-server costs a pass that does not use it (`detached`, us)
-  matmuls     the reference's one-op weight matmul times (per device, and per host layout): a
+  matmuls     the reference's one-op weight matmul times (per device, and per host layout), each
+              layer weight's at every column count of a profile (DEFAULT_TOKENS: its last layer
+              runs some at 1 column only, the same weight elsewhere in a deeper model at all): a
               model with the same weight shapes and types (an 8B of Llama 3's widths) takes them
               rather than timing them again (profile.KnownTimes)
 
@@ -50,10 +52,12 @@ from ..._files import cache_base, read_json, write_json
 from ...errors import ProfileError
 from ...model import gguf_file
 from ...runtime import devices as devmod
+from ..graph import target_ops
 from .calfit import Calibration, DeviceCalibration, OpFit
-from .profile import KnownTimes, Settings, build_info, device_identity
+from .measure import time_more_columns
+from .profile import DEFAULT_TOKENS, KnownTimes, Settings, build_info, device_identity
 
-VERSION = 2  # of the device model's terms: part of its cache key; 2: matmuls
+VERSION = 3  # of the device model's terms: part of its cache key; 2: matmuls; 3: at every column count
 REFERENCE = ("llama3-8b", "q4_k_m", 2)  # preset, type, layers of the model the devices are characterised on
 SCHEMA = "oallama.devicemodel/1"
 
@@ -211,6 +215,12 @@ def characterise(devices: list[str], settings: Settings, plan_reference: Callabl
     if info.shape_only:
         raise ProfileError(f"{ref}: the reference model is shape-only (zero weights): it cannot be run")
     ctx = plan_reference(ref)
+    layer_weights = {(op.op, op.weight_type, op.weight_shape): DEFAULT_TOKENS for pm in ctx.passes.values()
+                     for op in target_ops(pm.graph) if op.layer is not None}
+    n = time_more_columns(ctx.profile, layer_weights)
+    if progress and n:
+        print(f"device model: timed {n} layer weight shape(s) at the column counts the reference's graph lacks",
+              file=sys.stderr, flush=True)
     cal = ctx.profile.calibration
     if cal is None:
         raise ProfileError(f"{ref}: the reference model's calibration is missing")

@@ -8,7 +8,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,28 +150,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                     done += 1
                     continue
                 cols = left
-            try:
-                res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats,
-                                      settings.repack, host_of)
-            except RuntimeError as e:
-                if d.is_host or not is_unsupported(e):
-                    raise ProfileError(str(e)) from None
-                # an accelerator refusing the op at this size (lavapipe: a 262144-row tied output matrix):
-                # its weight stays on the host (schedmodel), as llama.cpp's loader keeps it
-                ops[d.name].update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
-                done += 1
-                continue
-            try:
-                if d.is_host:
-                    _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
-                                  lambda lay, op=op, wtype=wtype, shape=shape, cols=cols, n_used=n_used, threads=threads:
-                                  time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
-                                           lay))
-            except RuntimeError as e:
-                raise ProfileError(str(e)) from None
-            for n, r, x in zip(cols, res, extra, strict=True):
-                ops[d.name][Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
-                                                                    "buffer_type": r.buffer_type, **x}
+            _time_signature(d, (op, wtype, shape), cols, n_used, settings, host_of, warmup, repeats, ops[d.name], layouts)
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
@@ -191,6 +170,51 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                    layouts=layouts)
     prof.elapsed_s = time.perf_counter() - t_start
     return prof
+
+
+def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], cols: list[int], n_used: int | None,
+                    settings: Settings, host_of: str, warmup: int, repeats: int, out: dict[str, dict[str, Any]],
+                    layouts: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Time one weight matmul signature (op, weight type, shape) on `d` at `cols` into `out` (op key
+    -> stats) and, on the host, in both layouts into `layouts`."""
+    op, wtype, shape = sig
+    threads = settings.threads if d.is_host else 1
+    try:
+        res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats, settings.repack,
+                             host_of)
+    except RuntimeError as e:
+        if d.is_host or not is_unsupported(e):
+            raise ProfileError(str(e)) from None
+        # an accelerator refusing the op at this size (lavapipe: a 262144-row tied output matrix):
+        # its weight stays on the host (schedmodel), as llama.cpp's loader keeps it
+        out.update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
+        return
+    try:
+        if d.is_host:
+            _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
+                          lambda lay: time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
+                                              lay))
+    except RuntimeError as e:
+        raise ProfileError(str(e)) from None
+    for n, r, x in zip(cols, res, extra, strict=True):
+        out[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us), "buffer_type": r.buffer_type, **x}
+
+
+def time_more_columns(prof: Profile, wanted: Mapping[tuple[str, str, tuple[int, ...]], Sequence[int]], *,
+                      warmup: int = 2, repeats: int = 5) -> int:
+    """Time the weight matmuls (MUL_MAT signatures) of `wanted` at those of their column counts
+    `prof` lacks, on each of its devices, into `prof`: the signature-device pairs timed."""
+    devs = [devmod.resolve(d) for d in prof.devices]
+    host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
+    timed = 0
+    for d in devs:
+        table = prof.ops.setdefault(d.name, {})
+        for sig, cols in sorted(wanted.items()):
+            missing = sorted(n for n in set(cols) if Profile.op_key(*sig, n) not in table)
+            if sig[0] == "MUL_MAT" and missing:
+                _time_signature(d, sig, missing, None, prof.settings, host_of, warmup, repeats, table, prof.layouts)
+                timed += 1
+    return timed
 
 
 def _take_known(known: KnownTimes, device: str, is_host: bool, op: str, wtype: str, shape: tuple[int, ...],
