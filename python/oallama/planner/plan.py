@@ -171,7 +171,7 @@ class Plan:
                  "--fit", "off"]
         if s.get("threads"):
             args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
-        if s.get("op_offload") is False:
+        if s.get("op_offload") is False and not self.streams_nothing():  # else emit_args says it
             args.append("--no-op-offload")
         if s.get("mmap") is False:
             args.append("--no-mmap")
@@ -189,8 +189,7 @@ class Plan:
                 cmd += ["--rpc", ep, "--device", f"RPC{index}"]
             else:
                 cmd += ["--device", self.accelerator]  # ggml's own name (CUDA0, Vulkan0)
-        emit = self.emit_args()
-        return cmd + emit + [a for a in self.stock_settings() if a not in emit or not a.startswith("--no-")]
+        return cmd + self.emit_args() + self.stock_settings()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "strategy": self.strategy, "model": self.model, "devices": self.devices,
