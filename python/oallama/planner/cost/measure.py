@@ -107,8 +107,8 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
             progress: bool = True, known: KnownTimes | None = None) -> Profile:
     """Time every target op signature of `inv` on every device, and the host<->device links.
     known: one-op times already measured on these devices with these settings (a device model's,
-    devicemodel.py; its devices under today's names): a weight matmul it has at every column count
-    is taken from it, not timed again."""
+    devicemodel.py; its devices under today's names): a weight matmul's times at the column counts
+    it has are taken from it, only the others timed."""
     t_start = time.perf_counter()
     reused = 0
     devs = [devmod.resolve(d) for d in devices]
