@@ -150,6 +150,14 @@ static ggml_type type_by_name(const std::string & name) {
     throw std::runtime_error("unknown ggml type '" + name + "'");
 }
 
+// llama.cpp's flash attention setting from -1 (auto), 0 (off) or 1 (on), as its -fa takes them
+static llama_flash_attn_type flash_attn_type(int32_t v) {
+    if (v < -1 || v > 1) {
+        throw std::invalid_argument("flash_attn must be -1 (auto), 0 (off) or 1 (on), not " + std::to_string(v));
+    }
+    return v < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO : v ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
 // oallama_node_timer owned by Python; it keeps the context's owner alive and uninstalls itself
 class NodeTimer {
 public:
@@ -534,8 +542,8 @@ PYBIND11_MODULE(_core, m) {
     py::class_<Session>(m, "Session", "Metadata-only model + context: graphs and scheduling without weights.")
         .def(py::init([](const std::string & path, py::object devices,
                          const std::vector<std::pair<std::string, std::string>> & overrides, int32_t n_gpu_layers,
-                         uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, bool flash_attn,
-                         bool op_offload, bool verbose) {
+                         uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t flash_attn,
+                         bool op_offload, bool verbose, const std::string & type_k, const std::string & type_v) {
                  oallama_session_params p;
                  p.path = path;
                  p.use_devices = !devices.is_none();
@@ -545,13 +553,15 @@ PYBIND11_MODULE(_core, m) {
                  p.overrides = overrides;
                  p.n_gpu_layers = n_gpu_layers;
                  p.n_ctx = n_ctx; p.n_batch = n_batch; p.n_ubatch = n_ubatch; p.n_threads = n_threads;
-                 p.flash_attn = flash_attn; p.op_offload = op_offload; p.verbose = verbose;
+                 p.flash_attn = flash_attn_type(flash_attn); p.op_offload = op_offload; p.verbose = verbose;
+                 p.type_k = type_by_name(type_k); p.type_v = type_by_name(type_v);
                  py::gil_scoped_release release;
                  return new Session(p);
              }),
              py::arg("path"), py::arg("devices") = py::none(), py::arg("overrides") = std::vector<std::pair<std::string, std::string>>(),
              py::arg("n_gpu_layers") = 0, py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_ubatch") = 512,
-             py::arg("n_threads") = 4, py::arg("flash_attn") = false, py::arg("op_offload") = true, py::arg("verbose") = false)
+             py::arg("n_threads") = 4, py::arg("flash_attn") = 0, py::arg("op_offload") = true, py::arg("verbose") = false,
+             py::arg("type_k") = "f16", py::arg("type_v") = "f16")
         .def("close", &Session::close, "Free the model and context; their Context / Model handles then raise ClosedError.")
         .def_property_readonly("closed", &Session::closed)
         .def("context", [](py::object self) { return Context(self, &self.cast<const Session &>()); },
@@ -562,11 +572,12 @@ PYBIND11_MODULE(_core, m) {
 #if OALLAMA_HAVE_FIT
     m.def("fit_params", [](const std::string & path, const std::vector<std::string> & devices,
                            const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                           bool flash_attn) {
+                           int32_t flash_attn, const std::string & type_k, const std::string & type_v) {
+        const ggml_type tk = type_by_name(type_k), tv = type_by_name(type_v);
         py::gil_scoped_release release;
-        return oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn);
+        return oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn_type(flash_attn), tk, tv);
     }, py::arg("path"), py::arg("devices"), py::arg("margins"), py::arg("n_ctx"), py::arg("n_batch") = 512,
-       py::arg("n_ubatch") = 512, py::arg("flash_attn") = false,
+       py::arg("n_ubatch") = 512, py::arg("flash_attn") = 0, py::arg("type_k") = "f16", py::arg("type_v") = "f16",
        "llama.cpp's automatic fit (common_fit_params) leaving margins[i] bytes free on devices[i].");
 #endif
 

@@ -8,7 +8,8 @@
 
 oallama_fit_result oallama_fit_params(const std::string & path, const std::vector<std::string> & devices,
                                       const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch,
-                                      uint32_t n_ubatch, bool flash_attn) {
+                                      uint32_t n_ubatch, llama_flash_attn_type flash_attn, ggml_type type_k,
+                                      ggml_type type_v) {
     if (devices.size() != margins.size()) {
         throw std::runtime_error("oallama_fit_params: one margin per device is needed");
     }
@@ -28,7 +29,9 @@ oallama_fit_result oallama_fit_params(const std::string & path, const std::vecto
     // one row of logits per ubatch, as oallama's Llama (without logits_all) and llama-server reserve
     cp.n_outputs_max         = 1;
     cp.n_outputs_max_per_seq = 1;
-    cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = flash_attn;
+    cp.type_k          = type_k;
+    cp.type_v          = type_v;
 
     std::vector<float> split(llama_max_devices(), 0.0f);
     std::vector<llama_model_tensor_buft_override> ov(llama_max_tensor_buft_overrides(), {nullptr, nullptr});

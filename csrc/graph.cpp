@@ -61,7 +61,9 @@ oallama_session * oallama_session_init(const oallama_session_params & p) {
     cp.n_threads       = p.n_threads;
     cp.n_threads_batch = p.n_threads;
     cp.op_offload      = p.op_offload;
-    cp.flash_attn_type = p.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = p.flash_attn;
+    cp.type_k          = p.type_k;
+    cp.type_v          = p.type_v;
     cp.no_perf         = true;
     s->ctx = llama_init_from_model(s->model, cp);
     if (s->ctx == nullptr) {

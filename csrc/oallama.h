@@ -177,7 +177,9 @@ struct oallama_session_params {
     uint32_t    n_batch = 512;
     uint32_t    n_ubatch = 512;
     int32_t     n_threads = 4;
-    bool        flash_attn = false;
+    llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // AUTO: llama.cpp resolves it per layer's device
+    ggml_type   type_k = GGML_TYPE_F16;         // KV cache types (llama.cpp's -ctk / -ctv)
+    ggml_type   type_v = GGML_TYPE_F16;
     bool        op_offload = true;
     bool        verbose = false;
 };
@@ -423,7 +425,8 @@ struct oallama_fit_result {
 // free on devices[i]: what llama.cpp's --fit would choose.
 oallama_fit_result oallama_fit_params(const std::string & path, const std::vector<std::string> & devices,
                                       const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch,
-                                      uint32_t n_ubatch, bool flash_attn);
+                                      uint32_t n_ubatch, llama_flash_attn_type flash_attn, ggml_type type_k,
+                                      ggml_type type_v);
 
 //
 // quantization type mix (quant.cpp)

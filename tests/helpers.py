@@ -268,7 +268,8 @@ def planned_context(plan: Any) -> dict[str, str]:
     """What `stock_context` should read for a plan's emitted command (planner.plan.Plan.stock_settings)."""
     s = plan.settings
     return {"n_ctx": str(s["n_ctx"]), "n_batch": str(s["n_ubatch"]), "n_ubatch": str(s["n_ubatch"]), "n_seq_max": "1",
-            "flash_attn": "enabled" if s["flash_attn"] else "disabled", "type_k": "f16", "type_v": "f16"}
+            "flash_attn": "enabled" if s["flash_attn"] else "disabled", "type_k": s.get("type_k", "f16"),
+            "type_v": s.get("type_v", "f16")}
 
 
 def greedy_tokens(llm: Any, prompt: str, n: int) -> list[int]:

@@ -217,6 +217,36 @@ def test_emitted_stock_command_places_as_planned_on_vulkan(strategy: str, vk: st
         assert out["tokens"] == want
 
 
+@pytest.mark.parametrize(("fa", "ctk", "ctv"), [("auto", "f16", "f16"), ("on", "q8_0", "q8_0")],
+                         ids=["fa-auto-f16", "fa-on-q8_0"])
+def test_a_long_context_plans_attention_is_the_stock_servers_on_vulkan(fa: str, ctk: str, ctv: str, vk: str,
+                                                                      tiny_f16: Path, tmp_path: Path) -> None:
+    """A 2048-token context with every layer on Vulkan0: flash attention `auto` resolves as the
+    stock llama-server resolves it for that placement (its log), and the emitted command, which
+    pins the result and the KV cache's types, reserves the plan's bytes on Vulkan0."""
+    wl = Workload(prompt=40, gen=8, n_ubatch=64, context=2048, flash_attn=fa, cache_type_k=ctk, cache_type_v=ctv)
+    # one-op times only (no calibration): they do not depend on the attention
+    prof = profile_model(tiny_f16, [HOST, vk], threads=1, repeats=2, progress=False, calibrated=False, n_ctx=2048)
+    ctx = build_context(tiny_f16, vk, wl, profile=prof, threads=1, progress=False)
+    plan = make_plan(ctx, "layers", "100%")
+    cmd = plan.stock_command()
+    if fa == "auto":  # the stock server resolving auto for the same placement
+        args = list(cmd[1:])
+        args[args.index("-fa") + 1] = "auto"
+        log = tmp_path / "auto.log"
+        with stock_server([*args, "-v"], log):
+            pass
+        on = "Flash Attention enabled" in log.read_text(errors="replace")
+        assert plan.settings["flash_attn"] is on
+    log = tmp_path / "llama-server.log"
+    with stock_server([*cmd[1:], "-v"], log):
+        pass
+    text = log.read_text(errors="replace")
+    assert stock_context(text) == planned_context(plan)
+    assert plan.memory["context"] > 0
+    assert_memory_as_planned(plan, text, vk)
+
+
 def test_calibration_times_the_real_graph_on_vulkan(vk: str, tiny_f16: Path, vk_ctx) -> None:
     """The node timer on a GPU-class backend: every scheduled node is timed, on Vulkan0 where the
     scheduler put it (Vulkan reorders nodes within its splits: compared as sets), and the

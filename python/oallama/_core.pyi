@@ -319,8 +319,10 @@ class Session:
 
     def __init__(self, path: str, devices: Sequence[str] | None = None,
                  overrides: Sequence[tuple[str, str]] = ..., n_gpu_layers: int = 0, n_ctx: int = 4096,
-                 n_batch: int = 512, n_ubatch: int = 512, n_threads: int = 4, flash_attn: bool = False,
-                 op_offload: bool = True, verbose: bool = False) -> None: ...
+                 n_batch: int = 512, n_ubatch: int = 512, n_threads: int = 4, flash_attn: int = 0,
+                 op_offload: bool = True, verbose: bool = False, type_k: str = "f16", type_v: str = "f16") -> None:
+        """flash_attn: -1 auto (llama.cpp resolves it per layer's device), 0 off, 1 on; type_k / type_v: the
+        KV cache's ggml types ("f16", "q8_0", ...)."""
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -350,7 +352,7 @@ def profile_mul_mat_id(device: str, type: str, k: int, m: int, n_expert: int, n_
 
 # --- llama.cpp's automatic fit (fit.cpp; absent when built with OALLAMA_TOOLS=OFF) ---------
 def fit_params(path: str, devices: Sequence[str], margins: Sequence[int], n_ctx: int, n_batch: int = 512,
-               n_ubatch: int = 512, flash_attn: bool = False) -> FitResult: ...
+               n_ubatch: int = 512, flash_attn: int = 0, type_k: str = "f16", type_v: str = "f16") -> FitResult: ...
 
 # --- quantization (quant.cpp, bindings.cpp) ---------------------------------------------------
 def quant_compute_types(hparams: dict[str, Any], names: Sequence[str], shapes: Sequence[Sequence[int]],

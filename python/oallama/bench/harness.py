@@ -161,7 +161,7 @@ class BenchOptions:
     warmup: int = option(1, help="discarded runs before them")
     threads: int | None = option(None, help="CPU threads", default_help="half the cores")
     ubatch: int = option(512, help="n_batch = n_ubatch (tokens)")
-    flash_attn: bool = option(False, help="load with flash attention (predictions assume it off)")
+    flash_attn: bool = option(False, help="load with flash attention (the plans are made for it too)")
     mmap: bool = option(True, help="load with mmap")
     op_offload: str = option("on", choices=OP_OFFLOAD_MODES,
                              help="llama.cpp's op offload; both: layers and fit also run with it off")
@@ -359,8 +359,6 @@ def run_bench(opts: BenchOptions) -> BenchSummary:
         deadline = t_start + opts.max_minutes * 60 - reserve
     raw_dir = opts.out / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
-    if opts.flash_attn and opts.progress:
-        _log("note: the planner's graphs are built without flash attention; predictions assume it off")
     dev, server = _accelerator(opts)
     pins = contextlib.ExitStack()
     try:
@@ -427,10 +425,10 @@ def _run_pending(opts: BenchOptions, pending: list[Config], summary: BenchSummar
         if deadline is not None and time.monotonic() > deadline:
             _log(f"stopping before the time limit ({opts.max_minutes:g} min)")
             return False
-        wl = planmod.Workload(prompt, gen, "e2e", settings.n_ubatch)
+        wl = planmod.Workload(prompt, gen, "e2e", settings.n_ubatch, flash_attn="on" if settings.flash_attn else "off")
         if opts.reprofile and (model, wl.n_ctx, oo) not in profiles:
             profiles[(model, wl.n_ctx, oo)] = bench_profiles.measure(model, acc, wl.n_ctx, settings.threads, oo,
-                                                                     opts.progress)
+                                                                     opts.progress, settings.flash_attn)
         profile = profiles.get((model, wl.n_ctx, oo))
         ctx = planmod.build_context(model, acc, wl, profile=profile, threads=settings.threads, op_offload=oo,
                                     progress=opts.progress)

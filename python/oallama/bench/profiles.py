@@ -15,7 +15,8 @@ def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
-def measure(model: str, acc: str, n_ctx: int, threads: int, op_offload: bool, progress: bool) -> Any:
+def measure(model: str, acc: str, n_ctx: int, threads: int, op_offload: bool, progress: bool,
+            flash_attn: bool = False) -> Any:
     """--reprofile: the profile build_context would take from the cache, measured anew (and not
     cached)."""
     from ..planner.cost.measure import profile_model
@@ -26,7 +27,7 @@ def measure(model: str, acc: str, n_ctx: int, threads: int, op_offload: bool, pr
         log(f"--reprofile: measuring the profile of {Path(model).name} afresh (n_ctx {n_ctx}, op offload "
             f"{'on' if op_offload else 'off'})")
     return profile_model(model, [HOST, acc], threads=threads, n_tokens=DEFAULT_TOKENS, n_ctx=n_ctx,
-                         op_offload=op_offload, progress=progress, cache=False)
+                         op_offload=op_offload, progress=progress, cache=False, flash_attn=flash_attn)
 
 
 def save(out_dir: Path, profile: Any) -> str:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import cache_base, write_json
 from ..errors import OallamaError, PlanError
+from ..runtime import kvcache
 from ..runtime.planfile import ConfirmOptions
 
 if TYPE_CHECKING:
@@ -463,7 +464,7 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
     st = ctx.profile.settings
     load = {"n_ctx": ctx.workload.n_ctx, "n_batch": ctx.workload.n_ubatch, "n_ubatch": ctx.workload.n_ubatch,
             "n_threads": st.threads, "n_threads_batch": st.threads, "use_mmap": st.mmap, "op_offload": st.op_offload,
-            "flash_attn": False, "seed": 1234, "verbose": False, **(load or {})}
+            **kvcache.llama_kwargs(**ctx.attention()), "seed": 1234, "verbose": False, **(load or {})}
     steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
 
     def finish(chosen: Candidate, reason: str, rounds: int, mode: str,

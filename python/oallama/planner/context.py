@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BudgetError, PlanError
+from ..errors import BudgetError, ModelFileError, PlanError
 from ..model import gguf_file
 from ..options import option
 from ..runtime import devices as devmod
+from ..runtime import kvcache
 from ..runtime.place import layer_weights
 from .cost import devicemodel, opsizes
 from .cost.calfit import Calibration
@@ -75,6 +76,11 @@ class Workload:
     n_ubatch: int = option(512, flag="--ubatch", help="llama.cpp's n_ubatch (tokens per graph)")
     context: int | None = option(None, flag="--ctx", help="context size the model is loaded with (llama.cpp's n_ctx, tokens)",
                           default_help="prompt + gen rounded up to 256")
+    flash_attn: str = option("off", choices=kvcache.FLASH_ATTN, help="flash attention, as llama.cpp's -fa (auto: on "
+                             "where llama.cpp would turn it on for every layer on each device; the plan pins the result)")
+    cache_type_k: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's K type (llama.cpp's -ctk)")
+    cache_type_v: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's V type (llama.cpp's -ctv; "
+                               "a quantized one needs flash attention)")
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -82,6 +88,7 @@ class Workload:
         if self.prompt < 1 or self.gen < 1 or self.n_ubatch < 1:
             raise PlanError(f"workload needs prompt, gen and n_ubatch >= 1 (got {self.prompt}, {self.gen}, "
                             f"{self.n_ubatch})")
+        kvcache.check(self.flash_attn, self.cache_type_k, self.cache_type_v)
         if self.context is not None and self.context < self.prompt + self.gen:
             raise PlanError(f"--ctx {self.context}: the workload's prompt and generation need {self.prompt + self.gen} "
                             "tokens of context")
@@ -111,6 +118,18 @@ class Workload:
         # the first token comes from the prompt's pass; each further one is a 1-token pass
         seen.setdefault(1, []).extend(pad(p + 1) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1)))
         return {n: pad(round(sum(v) / len(v))) for n, v in seen.items()}
+
+    def pass_attended(self) -> dict[int, float]:
+        """n_tokens -> the KV cells a token of that pass attends to (mean over its tokens and its
+        passes; flash attention's work, calfit.work): a prompt ubatch at positions [pos, pos + n)
+        pos + (n + 1) / 2, a decode pass after p tokens p + 1."""
+        seen: dict[int, list[float]] = {}
+        pos = 0
+        for n in self.ubatches():
+            seen.setdefault(n, []).append(pos + (n + 1) / 2)
+            pos += n
+        seen.setdefault(1, []).extend(p + 1.0 for p in range(self.prompt, self.prompt + max(self.gen - 1, 1)))
+        return {n: sum(v) / len(v) for n, v in seen.items()}
 
     def pass_weights(self, objective: str | None = None) -> dict[int, float]:
         """n_tokens -> how often that pass counts in the objective."""
@@ -169,6 +188,15 @@ class PlanContext:
         pred = self.predict(p)
         return float(pred[f"{self.workload.objective}_ms"])
 
+    def attention(self) -> dict[str, Any]:
+        """The plan's attention settings: flash attention (resolved, a bool) and the KV cache's types."""
+        return {k: self.settings[k] for k in ("flash_attn", "type_k", "type_v")}
+
+    def session_kwargs(self) -> dict[str, Any]:
+        """GraphSession's keywords for a metadata-only load of this context (without the placement)."""
+        return {"n_ctx": self.workload.n_ctx, "n_ubatch": self.workload.n_ubatch,
+                "op_offload": bool(self.settings["op_offload"]), **self.attention()}
+
     def acc_bytes(self, p: Placement) -> int:
         """Weights + KV the placement puts on the accelerator (bytes, without compute buffers)."""
         return sum(self.weight_bytes[w] for w in p.on_acc) + sum(
@@ -201,8 +229,13 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     acc_name = dev.name if dev is not None else None
     n_layer = int(model.hparam("block_count", 0))
     sizes = sorted(set(workload.ubatches()) | {1})
+    attention = {"flash_attn": resolve_flash_attn(path, acc_name, workload, n_layer),
+                 "type_k": workload.cache_type_k, "type_v": workload.cache_type_v}
+    if progress and workload.flash_attn == "auto":
+        log(f"flash attention auto: {'on' if attention['flash_attn'] else 'off'} (as llama.cpp resolves it "
+            f"with every layer on {' and on '.join(['the host', *([acc_name] if acc_name else [])])})")
     kw = {"devices": [acc_name] if acc_name else [], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes),
-          "op_offload": op_offload}
+          "op_offload": op_offload, **attention}
     if progress:
         log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
     # each pass's graph at the KV length it runs at (attention's cost grows with it); memory
@@ -225,19 +258,20 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         if progress:
             log("profiling (cached after the first time)")
         profile = _profile(path, model, acc_name, workload, threads=threads, op_offload=op_offload,
-                           progress=progress, calibration=calibration)
-    _check_profile(profile, acc_name, graphs)
+                           progress=progress, calibration=calibration, attention=attention)
+    _check_profile(profile, acc_name, graphs, attention)
     if acc_name:  # the accelerator's kernels run columns in tiles: its matmuls timed at these pass sizes too
         timed = opsizes.time_missing(profile, [*graphs.values(), *(g for g in full.values() if g is not None)],
                                      acc_name, progress=progress)
         if timed and progress:
             log(f"timed {timed} op shape(s) on {acc_name} at pass sizes the profile lacked (kept in it)")
-    passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n])
-              for n in sizes}
+    attended = workload.pass_attended()
+    passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n],
+                           attended=attended[n]) for n in sizes}
     for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)
         pm.acc_ok.update({w: False for w in kept if w in pm.acc_ok})
-    settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch,
-                "flash_attn": False, "pass_kv": {str(n): kv_len[n] for n in sizes}}
+    settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch, **attention,
+                "pass_kv": {str(n): kv_len[n] for n in sizes}}
     cal = profile.calibration if acc_name else None
     # first the splits' cost (the streamed pass's many splits pay it too), then the streamed link
     carried = cal.links.get(acc_name, {}) if cal is not None else {}  # a device model's, already derived
@@ -274,13 +308,15 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
 
 
 def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workload: Workload, *,
-             threads: int | None, op_offload: bool, progress: bool, calibration: str) -> Profile:
+             threads: int | None, op_offload: bool, progress: bool, calibration: str,
+             attention: Mapping[str, Any]) -> Profile:
     """The one-op profile of `path`, with its calibration from where `calibration` says
-    (`build_context`). A shape-only file is never run: only the device model can cost it."""
+    (`build_context`), measured with `attention` (flash attention resolved, the KV cache's types).
+    A shape-only file is never run: only the device model can cost it."""
     devices = [HOST, acc] if acc else [HOST]
     kw: dict[str, Any] = {"threads": threads, "n_tokens": DEFAULT_TOKENS, "n_ctx": workload.n_ctx,
-                          "op_offload": op_offload, "progress": progress}
-    settings = default_settings(threads, op_offload=op_offload)
+                          "op_offload": op_offload, "progress": progress, **attention}
+    settings = default_settings(threads, op_offload=op_offload, **attention)
     if model.shape_only and calibration == "model":
         raise PlanError(f"{path}: a shape-only file (zero weights) cannot be calibrated by running it; "
                         "plan it from the device model (calibration 'device' or 'auto')")
@@ -290,9 +326,11 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
         if progress:
             log(f"characterising {', '.join(devices)} once on a reference model"
                 + (f" ({path} is shape-only: it is never run)" if model.shape_only else ""))
+        ref_workload = Workload(prompt=64, gen=8, n_ubatch=64, flash_attn="on" if attention["flash_attn"] else "off",
+                                cache_type_k=attention["type_k"], cache_type_v=attention["type_v"])
         dm = devicemodel.characterise(devices, settings, lambda ref: build_context(
-            ref, acc, Workload(prompt=64, gen=8, n_ubatch=64), threads=threads, op_offload=op_offload,
-            progress=progress, calibration="model"), progress=progress)
+            ref, acc, ref_workload, threads=threads, op_offload=op_offload, progress=progress,
+            calibration="model"), progress=progress)
     if dm is None:
         return profile_model(path, devices, **kw)
     prof = profile_model(path, devices, calibrated=False, known=dm.known_times(devices), **kw)
@@ -307,6 +345,31 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
         log(f"costed from the device model {dm.key[:12]} (characterised on {Path(dm.reference['model']).name}): "
             "this model's graph is not run")
     return prof
+
+
+def resolve_flash_attn(path: str | Path, acc: str | None, workload: Workload, n_layer: int) -> bool:
+    """The workload's flash attention as a load pins it: on, off, or for "auto" what llama.cpp
+    resolves with every layer on the host and with every layer on `acc` -- on only where both keep
+    it (llama.cpp turns it off when a layer's attention would run on a device other than the
+    layer's, the device lacking the op for that head size or cache type, and on whatever the
+    devices under a quantized V cache, which needs it), so that any placement between them runs it
+    as planned."""
+    if workload.flash_attn != "auto":
+        return workload.flash_attn == "on"
+    for n_gpu_layers in (0, n_layer + 1) if acc else (0,):
+        try:
+            with GraphSession(path, devices=[acc] if acc else [], n_gpu_layers=n_gpu_layers, n_ctx=256, n_ubatch=1,
+                              flash_attn="auto", type_k=workload.cache_type_k, type_v=workload.cache_type_v) as s:
+                on = any(n.op == "FLASH_ATTN_EXT" for n in s.graph(1).nodes)
+        except ModelFileError:  # llama.cpp refused the context: auto turned off under a quantized V cache
+            on = False
+        if not on:
+            where = f"with every layer on {acc}" if n_gpu_layers else "on the host"
+            if kvcache.is_quantized(workload.cache_type_v):
+                raise PlanError(f"--flash-attn auto: llama.cpp turns flash attention off {where} for {path}, and "
+                                f"--cache-type-v {workload.cache_type_v} needs it: use an f16 V cache")
+            return False
+    return True
 
 
 def loader_kept(session: GraphSession, acc: str, n_layer: int) -> set[str]:
@@ -412,7 +475,15 @@ def plain_ratios(pm: PassModel) -> dict[str, float]:
     return {k: plain[k] / rep[k] for k in plain if rep[k] > 0}
 
 
-def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph]) -> None:
+def _check_profile(profile: Profile, acc: str | None, graphs: Mapping[int, Graph],
+                   attention: Mapping[str, Any]) -> None:
+    st = profile.settings
+    theirs = {"flash_attn": st.flash_attn, "type_k": st.type_k, "type_v": st.type_v}
+    if profile.calibration is not None and theirs != dict(attention):
+        raise PlanError(f"profile {profile.key[:12]} was calibrated with flash attention "
+                        f"{'on' if st.flash_attn else 'off'} and a {st.type_k}/{st.type_v} KV cache; the workload "
+                        f"runs {'on' if attention['flash_attn'] else 'off'} and {attention['type_k']}/"
+                        f"{attention['type_v']}: profile it with the workload's settings")
     for d in (HOST, acc) if acc else (HOST,):
         if d not in profile.ops:
             raise PlanError(f"profile {profile.key[:12]} was not measured on {d} (it has {', '.join(profile.ops)})")

@@ -171,6 +171,7 @@ def target_ops(graph: Graph) -> list[TargetOp]:
 
 class GraphSession:
     """A metadata-only load of a model (weights are never read) and a context, for graphs.
+    flash_attn: on/off (a bool) or llama.cpp's "auto"; type_k / type_v: the KV cache's types.
 
     devices / overrides place weights exactly as a real load would (overrides: (regex, device)),
     so the scheduler's assignment in `graph()` is the one a real run would get.
@@ -178,9 +179,11 @@ class GraphSession:
 
     def __init__(self, path: str | Path, *, devices: Sequence[str] | None = None,
                  overrides: Sequence[tuple[str, str]] = (), n_ctx: int = 4096, n_ubatch: int = 512,
-                 n_threads: int = 4, flash_attn: bool = False, op_offload: bool = True,
-                 offload_policy: dict[str, int] | None = None, n_gpu_layers: int = 0) -> None:
+                 n_threads: int = 4, flash_attn: bool | str = False, op_offload: bool = True,
+                 offload_policy: dict[str, int] | None = None, n_gpu_layers: int = 0, type_k: str = "f16",
+                 type_v: str = "f16") -> None:
         from ..runtime import devices as devmod
+        from ..runtime import kvcache
 
         self.model = gguf_file.check_model(path)
         if devices is not None:  # names RPC endpoints register here; unknown names raise
@@ -188,7 +191,8 @@ class GraphSession:
         try:
             self._s = _core.Session(str(path), list(devices) if devices is not None else None,
                                     list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
-                                    flash_attn, op_offload, False)
+                                    kvcache.flash_attn_code(flash_attn) if isinstance(flash_attn, str) else int(flash_attn),
+                                    op_offload, False, type_k, type_v)
         except RuntimeError as e:
             raise ModelFileError(str(e)) from None
         if offload_policy:

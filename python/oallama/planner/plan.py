@@ -160,15 +160,18 @@ class Plan:
         """The settings this plan was costed at, pinned for stock llama.cpp. Left unset, llama-server
         runs its own: flash attention `auto`, `--fit on` (which rewrites the context size and the
         placement to fill device memory), 4 slots, 2048/512-token batches, its thread count, none of
-        which the plan costed. The KV cache is f16 and one sequence, as the runtime loads a plan."""
+        which the plan costed. Flash attention as the plan resolved it (an `auto` workload's result),
+        the KV cache's types, and one sequence, as the runtime loads a plan."""
         s = self.settings
         args: list[str] = []
         if s.get("n_ctx"):
             args += ["-c", str(s["n_ctx"])]
         if s.get("n_ubatch"):  # the runtime runs a plan's passes at n_batch = n_ubatch
             args += ["-b", str(s["n_ubatch"]), "-ub", str(s["n_ubatch"])]
-        args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", "f16", "-ctv", "f16", "-np", "1",
-                 "--fit", "off"]
+        # --swa-full: a sliding-window layer's cache holds the whole context, as llama-cpp-python's
+        # default (and so the plan's bytes) has it; llama-server's own keeps the window only
+        args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", str(s.get("type_k", "f16")),
+                 "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", "1", "--fit", "off"]
         if s.get("threads"):
             args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
         if s.get("op_offload") is False and not self.streams_nothing():  # else emit_args says it

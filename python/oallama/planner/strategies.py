@@ -306,13 +306,14 @@ class Fit:
         free, _ = devmod.device_memory(ctx.acc)  # this device only: others may be gone
         margin = max(free - budget, 0)
         n_ubatch = ctx.workload.n_ubatch
+        att = ctx.attention()
         r = _core.fit_params(str(ctx.model.path), [ctx.acc], [margin], ctx.workload.n_ctx, n_ubatch, n_ubatch,
-                             False)
+                             int(att["flash_attn"]), att["type_k"], att["type_v"])
         ngl = r.n_gpu_layers if r.n_gpu_layers >= 0 else ctx.n_layer + 1
         raw = list(r.overrides)
         # where llama.cpp puts the weights with these parameters, read from a metadata-only load
         with GraphSession(ctx.model.path, devices=[ctx.acc], overrides=raw, n_gpu_layers=ngl,
-                          n_ctx=ctx.workload.n_ctx, n_ubatch=n_ubatch) as s:
+                          **ctx.session_kwargs()) as s:
             placed = s.model_tensors()
             mem = session_memory(s, ctx.acc)
         on = frozenset(t.name for t in placed if t.device == ctx.acc)

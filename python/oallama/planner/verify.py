@@ -35,8 +35,7 @@ def measure_memory(ctx: PlanContext, p: Placement, *, stock_layers: int | None =
     """Accelerator bytes of a load with this placement, by llama.cpp's own accounting (a
     metadata-only load: weights, KV cache, compute buffers sized for the plan's splits).
     stock_layers: load with this n_gpu_layers alone (llama.cpp's own placement) instead."""
-    kw: dict[str, Any] = {"devices": [ctx.acc], "n_ctx": ctx.workload.n_ctx, "n_ubatch": ctx.workload.n_ubatch,
-                          "op_offload": bool(ctx.settings["op_offload"])}
+    kw: dict[str, Any] = {"devices": [ctx.acc], **ctx.session_kwargs()}
     if stock_layers is not None:
         kw["n_gpu_layers"] = stock_layers
     else:

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PlacementError
+from ..errors import PlacementError, PlanError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
-from . import planfile
+from . import kvcache, planfile
 from .planfile import ConfirmOptions
 from .rpc import RPC_TIMEOUT_S
 
@@ -166,6 +166,13 @@ class RunOptions:
     prompt: str = option("The quick brown fox", short="-p", help="the prompt")
     n: int = option(32, flag="-n", help="tokens to generate")
     ctx: int = option(512, help="context length")
+    flash_attn: str | None = option(None, choices=kvcache.FLASH_ATTN, help="flash attention, as llama.cpp's -fa (auto: "
+                                    "resolved by planning, with --gpu-budget or --cpu-plan)",
+                                    default_help="a plan file's, else off")
+    cache_type_k: str | None = option(None, choices=kvcache.CACHE_TYPES, help="the KV cache's K type (-ctk)",
+                                      default_help="a plan file's, else f16")
+    cache_type_v: str | None = option(None, choices=kvcache.CACHE_TYPES, help="the KV cache's V type (-ctv)",
+                                      default_help="a plan file's, else f16")
     threads: int | None = option(None, minimum=1, help="CPU threads", default_help="llama-cpp-python's")
     temperature: float = option(0.0, help="sampling temperature (0: greedy)")
     seed: int = option(1234, help="sampling seed")
@@ -185,6 +192,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             devices = [*(devices or ["CPU"]), server.device_name]
         placement: Any = args.placement
         plan_kw: dict[str, Any] = {}
+        attention = {k: v for k, v in (("flash_attn", args.flash_attn), ("cache_type_k", args.cache_type_k),
+                                       ("cache_type_v", args.cache_type_v)) if v is not None}
+        wl = {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch, "context": args.ctx, **attention}
         if args.split:
             if not devices or len(devices) < 2:
                 raise PlacementError("--split needs a second device (--devices CPU,DEV or --rpc-local)")
@@ -193,16 +203,25 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             if args.gpu_budget or (devices and len(devices) > 1):
                 raise PlacementError("--cpu-plan plans the CPU alone: drop --gpu-budget / --devices / --rpc-local")
             placement = args.strategy
-            plan_kw = {"host_budget": args.host_budget, "confirm": args.confirm,
-                       "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
+            plan_kw = {"host_budget": args.host_budget, "confirm": args.confirm, "workload": wl}
         elif args.gpu_budget:
             if not devices or len(devices) < 2:
                 raise PlacementError("--gpu-budget needs an accelerator (--devices CPU,DEV or --rpc-local)")
             placement = args.strategy
             plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1], "host_budget": args.host_budget,
-                       "confirm": args.confirm,
-                       "workload": {"prompt": args.plan_prompt, "gen": args.n, "n_ubatch": args.ubatch}}
+                       "confirm": args.confirm, "workload": wl}
             devices = None
+        if "workload" not in plan_kw and attention:  # a load as given (a plan file's own settings must agree)
+            if attention.get("flash_attn") == "auto":
+                raise PlanError("--flash-attn auto is resolved by planning: give --gpu-budget or --cpu-plan, or on/off")
+            kvcache.check(attention.get("flash_attn", "off"), attention.get("cache_type_k", "f16"),
+                          attention.get("cache_type_v", "f16"))
+            plan_kw.update(kvcache.llama_kwargs(attention.get("flash_attn", "off") == "on",
+                                                attention.get("cache_type_k", "f16"),
+                                                attention.get("cache_type_v", "f16")))
+            for key, name in (("flash_attn", "flash_attn"), ("type_k", "cache_type_k"), ("type_v", "cache_type_v")):
+                if name not in attention:
+                    plan_kw.pop(key)  # not given: the plan file's, or llama-cpp-python's default
         llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
                     n_threads=args.threads, n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose,
                     rpc_timeout=args.rpc_timeout, **plan_kw)

@@ -65,7 +65,7 @@ from ..errors import (
 )
 from ..model import gguf_file
 from . import devices as devmod
-from . import place, planfile
+from . import kvcache, place, planfile
 
 
 class _BuftOverride(ctypes.Structure):
@@ -281,6 +281,8 @@ def _resolve(placement: Mapping[str, str] | str | Path | None, model: gguf_file.
                                 "for a CPU-only plan")
             acc = found.name
         load = {k: kwargs[k] for k in _CONFIRM_LOAD_KWARGS if kwargs.get(k) is not None}
+        if workload is None or isinstance(workload, Mapping):  # planned with the attention it will load with
+            workload = {**kvcache.workload_fields(kwargs), **(workload or {})}
         doc = planner(model.path, placement, gpu_budget, device=acc, workload=workload, profile=profile,
                       threads=kwargs.get("n_threads"), op_offload=kwargs.get("op_offload") is not False,
                       n_ubatch=int(kwargs.get("n_ubatch", 512)), progress=bool(kwargs.get("verbose", True)),

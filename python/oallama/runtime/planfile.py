@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._files import read_json
 from ..errors import OallamaError, PlanError
 from ..options import option
+from . import kvcache
 
 if TYPE_CHECKING:
     from ..model.gguf_file import GGUFInfo
@@ -113,12 +114,17 @@ def operator_plan_request(doc: dict[str, Any]) -> LoadRequest:
     policy = {w: (NEVER if b is None else int(b)) for w, b in (doc.get("offload_min_batch") or {}).items()}
     layouts = {str(w): str(b) for w, b in (doc.get("layouts") or {}).items()} or None
     dual = int(doc["dual_max_batch"]) if doc.get("dual_max_batch") else None
+    # the attention the plan was costed with (a plan written before it recorded them: as loaded)
+    s = doc.get("settings") or {}
+    attention = (kvcache.llama_kwargs(bool(s["flash_attn"]), str(s.get("type_k", "f16")), str(s.get("type_v", "f16")))
+                 if "flash_attn" in s else None)
     if mode == "fit":
         raw = [(str(a), str(b)) for a, b in doc.get("overrides") or []]
         return LoadRequest(None, doc.get("devices"), doc.get("n_gpu_layers"), policy or None, doc, raw,
-                           layouts=layouts, dual_max_batch=dual)
+                           llama_kwargs=attention, layouts=layouts, dual_max_batch=dual)
     return LoadRequest(None if mode == "n_gpu_layers" else dict(doc["placement"]), doc.get("devices"),
-                       doc.get("n_gpu_layers"), policy or None, doc, layouts=layouts, dual_max_batch=dual)
+                       doc.get("n_gpu_layers"), policy or None, doc, llama_kwargs=attention, layouts=layouts,
+                       dual_max_batch=dual)
 
 
 def _read_placement(doc: dict[str, Any], path: Path, model: GGUFInfo | None) -> LoadRequest:

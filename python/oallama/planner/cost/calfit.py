@@ -30,12 +30,30 @@ SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run who
 ANCHOR_OPS = 0.5  # a pass size gets its own factor on a device where it timed at least this share of the ops
 # of the device's fullest timed pass (`_anchored`)
 
-def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int) -> float:
+def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int,
+         attended: float | None = None) -> float:
     """What a non-weight op's time grows with: multiply-adds for a matmul of two activations
-    (KQ, KQV: K = src0's row length), else bytes read + written."""
+    (KQ, KQV: K = src0's row length) and for flash attention (q [D, n_tokens, n_head], k [D, n_kv],
+    v [Dv, n_kv]: KQ and KQV fused over the cells each token attends to, n_tokens * n_head * cells *
+    (D + Dv)), else bytes read + written. ggml's flash attention skips the cells the mask hides
+    (the cache's unused cells, a prompt's later tokens): its cells are `attended` (the pass's mean
+    over its tokens) where known, else the whole KV view (n_kv). Without flash attention the KQ
+    matmul multiplies the whole view: a decode pass after 32 tokens costs it 256 cells."""
     if op in MATMUL_OPS and src_ne:
         return float(src_ne[0][0]) * math.prod(ne)
+    if op == "FLASH_ATTN_EXT" and len(src_ne) >= 3:
+        q, k, v = src_ne[0], src_ne[1], src_ne[2]
+        cells = min(attended, k[1]) if attended is not None else k[1]
+        return float(math.prod(q) // max(q[0], 1)) * cells * (q[0] + v[0])
     return float(nbytes + src_bytes)
+
+
+def op_key(op: str, n_tokens: int | None) -> str:
+    """The fit a node's time is taken from: its op, but flash attention in a one-token pass apart
+    ("FLASH_ATTN_EXT:1"). One query row per head streams its K and V rows once for that row alone,
+    where a prompt's rows share them (ggml's CPU kernel: tiles of query rows); one line through
+    both put a decode's attention after 4000 tokens at half its time."""
+    return f"{op}:1" if op == "FLASH_ATTN_EXT" and n_tokens == 1 else op
 
 
 @dataclass
@@ -98,7 +116,7 @@ class DeviceCalibration:
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
-        f = self.ops.get(op) or self.ops.get("*")
+        f = self.ops.get(op_key(op, n_tokens)) or self.ops.get(op) or self.ops.get("*")
         return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
 
 
@@ -252,7 +270,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                 if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
                     real, prof, n_mm = real + us, prof + t, n_mm + 1
                 continue
-            per_op[p["op"]].append((p["work"], us))
+            per_op[op_key(p["op"], p["n_tokens"])].append((p["work"], us))
             per_op["*"].append((p["work"], us))
         noise = float(np.percentile(views, 90) - np.percentile(views, 10)) if views else 0.0
         mms = [(p, _profile_us(profile, dev, p, routing)) for p in pts if p["weight_type"] and p["op"] in MATMUL_OPS]

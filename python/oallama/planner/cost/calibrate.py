@@ -69,12 +69,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ... import _core
 from ...errors import OallamaError, ProfileError
+from ...runtime.kvcache import NO_FLASH_ATTN
 from . import outside
 from .calfit import Calibration, fit, line, work
 from .realpass import (
@@ -219,7 +220,7 @@ def _node_points(load: _Load) -> list[dict[str, Any]]:
     for (n, n_past), runs in load.node_runs.items():
         for k, r in enumerate(runs[0].nodes):
             us = statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
-            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes)
+            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=n_past + (n + 1) / 2)
             # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
             cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
             out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
@@ -233,10 +234,12 @@ def _node_points(load: _Load) -> list[dict[str, Any]]:
 
 def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
               n_ctx: int = 512, op_offload: bool = True, mmap: bool = True, reps: int = 3, max_fill_s: float = 10.0,
-              progress: bool = True, max_rounds: int = MAX_ROUNDS, rounds_s: float = ROUNDS_S) -> Calibration:
+              progress: bool = True, max_rounds: int = MAX_ROUNDS, rounds_s: float = ROUNDS_S,
+              attention: Mapping[str, Any] = NO_FLASH_ATTN) -> Calibration:
     """Time the real graph of `path` on `devices` (the CPU first, then at most one accelerator)
     and fit the terms the one-op profile cannot see (module docstring). `profile`: the one-op
-    Profile of the same model and devices, for the matmul scale.
+    Profile of the same model and devices, for the matmul scale. attention: llama_cpp.Llama's flash
+    attention and KV cache keywords (runtime.kvcache.llama_kwargs) every load takes.
 
     A shared machine can run 1.4-1.7x slower for seconds to minutes at a time (the project's VM: a
     small MoE's decode at 4.2-4.8 ms instead of 2.6-2.9 ms, at any load average), and a pass timed
@@ -254,7 +257,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                   file=sys.stderr, flush=True)
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
-                                     progress=progress, routing=k == 0, refused=refused))
+                                     progress=progress, routing=k == 0, refused=refused, attention=attention))
         spent = time.perf_counter() - t0
         if spent + spent / (k + 1) > rounds_s:  # another round would end past rounds_s
             break
@@ -269,7 +272,8 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         t1 = time.perf_counter()
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
-                                     progress=False, routing=False, host_only=True, refused=refused))
+                                     progress=False, routing=False, host_only=True, refused=refused,
+                                     attention=attention))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
@@ -299,7 +303,8 @@ def _detached_on(m: Round) -> dict[str, list[float]]:
 def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_prefill: int, n_ctx: int,
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
                    routing: bool = True, host_only: bool = False,
-                   refused: Collection[tuple[str, tuple[int, ...]]] = ()) -> Round:
+                   refused: Collection[tuple[str, tuple[int, ...]]] = (),
+                   attention: Mapping[str, Any] = NO_FLASH_ATTN) -> Round:
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
     which does not change between rounds; host_only: the host load's passes alone; refused: weights
     (type, shape) the accelerator refused to run when profiled, never streamed to it)."""
@@ -330,7 +335,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
         try:
             llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=n_big,
                         n_ubatch=n_big, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
-                        flash_attn=False, verbose=False, **kw)
+                        verbose=False, **attention, **kw)
         except (OallamaError, ValueError, RuntimeError) as e:  # report which load failed
             raise ProfileError(f"calibration: could not load {path} ({what} load): {e}") from None
         try:
@@ -367,7 +372,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
         print("\rcalibrate: real graph, host weights repacked and plain".ljust(100), end="", file=sys.stderr,
               flush=True)
     layouts = measure_layouts(path, sizes=host_sizes, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
-                              reps=reps)
+                              reps=reps, attention=attention)
     if host_only:
         return Round(points, splits, host_outside, host_s=host_s, layouts=layouts)
     stream: dict[str, dict[str, Any]] = {}
@@ -376,7 +381,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             print(f"\rcalibrate: real graph, every host weight streamed ({len(loads) + 1}/{len(loads) + 1})".ljust(100),
                   end="", file=sys.stderr, flush=True)
         st = measure_stream(path, accs[0].name, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
-                             reps=reps, refused=refused)
+                             reps=reps, refused=refused, attention=attention)
         if st is not None:
             stream[accs[0].name] = st
     scatter: dict[str, dict[str, Any]] = {}
@@ -385,7 +390,8 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             print("\rcalibrate: real graph, weights scattered over both devices".ljust(100), end="", file=sys.stderr,
                   flush=True)
         sc = measure_scatter(path, info, accs[0].name, n_gpu_layers=layers_that_fit(info, accs[0], n_layer),
-                              n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
+                              n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps,
+                              attention=attention)
         if sc is not None:
             scatter[accs[0].name] = sc
     n_expert = int(info.hparam("expert_count", 0) or 0)
@@ -398,7 +404,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             print("\rcalibrate: host load without the accelerator".ljust(100), end="", file=sys.stderr, flush=True)
         alone[accs[0].name] = outside.alone_us(
             path, host_outside, lambda llm, k: _Load(llm, prompt_tokens(llm, n_ctx), reps).outside_of(*k),
-            n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps)
+            n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap, reps=reps, attention=attention)
         detached[accs[0].name] = list(line(outside.saved(host_outside, alone[accs[0].name])))
     return Round(points, splits, host_outside, stream, scatter, routes, detached, host_s, alone, layouts)
 

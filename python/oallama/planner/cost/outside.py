@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import OallamaError, ProfileError
+from ...runtime.kvcache import NO_FLASH_ATTN
 
 __all__ = ["alone_us", "overheads", "sample_us", "saved"]
 
@@ -53,7 +54,8 @@ def overheads(llm: Any, outside: Mapping[tuple[int, int], float], reps: int) -> 
 
 
 def alone_us(path: str | Path, passes: Iterable[tuple[int, int]], measure: Callable[[Any, tuple[int, int]], float], *,
-             n_ctx: int, n_prefill: int, threads: int, mmap: bool, reps: int) -> dict[tuple[int, int], float]:
+             n_ctx: int, n_prefill: int, threads: int, mmap: bool, reps: int,
+             attention: Mapping[str, Any] = NO_FLASH_ATTN) -> dict[tuple[int, int], float]:
     """(n_tokens, n_past) -> us outside the graph (`overheads`) of each of `passes` in a host load
     without the accelerator attached. measure(llm, (n_tokens, n_past)): such a pass's split-mode
     time outside its graph (calibrate._Load)."""
@@ -63,8 +65,8 @@ def alone_us(path: str | Path, passes: Iterable[tuple[int, int]], measure: Calla
     n_batch = max([n_prefill, *(n for n, _ in passes)])  # every timed pass in one ubatch
     try:
         llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-                    n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
-                    op_offload=False)
+                    n_threads_batch=threads, use_mmap=mmap, verbose=False, n_gpu_layers=0, op_offload=False,
+                    **attention)
     except (OallamaError, ValueError, RuntimeError) as e:
         raise ProfileError(f"calibration: could not load {path} (host load, no accelerator): {e}") from None
     try:

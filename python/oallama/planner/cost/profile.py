@@ -38,6 +38,7 @@ from ..._files import cache_base, read_json
 from ..._version import __version__
 from ...errors import ProfileError
 from ...runtime import devices as devmod
+from ...runtime import kvcache
 from ...runtime import rpc as rpcmod
 from ..graph import Inventory, TargetOp
 from .calfit import Calibration
@@ -64,10 +65,23 @@ class Settings:
     repack: bool = True  # llama.cpp's use_extra_bufts (CPU weight repacking)
     calibrate: bool = False  # the real graph was timed too (calibrate.py)
     server_threads: int = 0  # threads of the rpc-server measured (0: none, or not known)
+    # the real graph's attention (calibrate.py's loads): flash attention resolved, the KV cache's types
+    flash_attn: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack,
-                "calibrate": self.calibrate, "server_threads": self.server_threads}
+        """The settings as a profile's key and file hold them (attention only where it is not
+        llama.cpp's f16 cache without flash attention, so that older keys still match)."""
+        out = {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack,
+               "calibrate": self.calibrate, "server_threads": self.server_threads}
+        if (self.flash_attn, self.type_k, self.type_v) != (False, "f16", "f16"):
+            out.update(flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v)
+        return out
+
+    def attention(self) -> dict[str, Any]:
+        """llama_cpp.Llama's keywords for these attention settings."""
+        return kvcache.llama_kwargs(self.flash_attn, self.type_k, self.type_v)
 
 
 def build_info() -> dict[str, Any]:
@@ -393,7 +407,8 @@ def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) 
 
 
 def default_settings(threads: int | None, *, op_offload: bool = True, mmap: bool = True, repack: bool = True,
-                     calibrated: bool = True, server_threads: int = 0) -> Settings:
+                     calibrated: bool = True, server_threads: int = 0, flash_attn: bool = False, type_k: str = "f16",
+                     type_v: str = "f16") -> Settings:
     """A measurement's settings; threads default to llama-cpp-python's for generation (half the cores)."""
     return Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
-                    server_threads)
+                    server_threads, flash_attn, type_k, type_v)

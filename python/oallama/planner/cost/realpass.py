@@ -15,13 +15,14 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ... import _core
 from ...errors import OallamaError, ProfileError
+from ...runtime.kvcache import NO_FLASH_ATTN
 from .mmshares import class_key
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
@@ -104,7 +105,8 @@ def decode_walls(llm: Any, tokens: list[int], n_prefill: int, reps: int) -> list
 
 
 def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, threads: int, mmap: bool,
-                    reps: int, refused: Collection[tuple[str, tuple[int, ...]]] = ()) -> dict[str, Any] | None:
+                    reps: int, refused: Collection[tuple[str, tuple[int, ...]]] = (),
+                    attention: Mapping[str, Any] = NO_FLASH_ATTN) -> dict[str, Any] | None:
     """Decode passes (1 token after n_prefill) with every layer's weights on the host and each
     one's op streamed to `acc` at any batch (patch 0001), as a FlexGen-like plan runs: their mean
     wall time and the weights each streamed. None when no weight could stream (all repacked).
@@ -116,13 +118,13 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
     scheduler reserve after a prompt whose ops ran on Vulkan0 corrupted the heap (lavapipe)."""
     from ...runtime.generate import prompt_tokens
 
-    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
+    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap, attention) as llm:
         tokens = prompt_tokens(llm, n_ctx)
         prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
         with _core.NodeTimer(llm.native_context) as timer:
             base = {r.index: r for r in timed_eval(llm, timer, prefix, batch, []).nodes
                     if r.weight_type and r.op in MATMUL_OPS}
-    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap) as llm:
+    with _stream_load(path, acc, n_ctx, n_prefill, threads, mmap, attention) as llm:
         _core.set_offload_policy(llm.native_context, {t.name: 1 for t in llm.tensor_placements()
                                                       if t.is_host and (t.type, t.shape) not in refused})
         with _core.NodeTimer(llm.native_context) as timer:
@@ -137,14 +139,14 @@ def measure_stream(path: str | Path, acc: str, *, n_ctx: int, n_prefill: int, th
 
 @contextlib.contextmanager
 def _stream_load(path: str | Path, acc: str, n_ctx: int, n_prefill: int, threads: int,
-                 mmap: bool) -> Iterator[Any]:
+                 mmap: bool, attention: Mapping[str, Any]) -> Iterator[Any]:
     """Every layer on the host, op offload on (measure_stream's load); closed on exit."""
     from ...runtime.llama import Llama
 
     try:
         llm = Llama(str(path), devices=[acc], n_ctx=n_ctx, n_batch=n_prefill, n_ubatch=n_prefill, n_threads=threads,
-                    n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False, n_gpu_layers=0,
-                    op_offload=True)
+                    n_threads_batch=threads, use_mmap=mmap, verbose=False, n_gpu_layers=0, op_offload=True,
+                    **attention)
     except (OallamaError, ValueError, RuntimeError) as e:
         raise ProfileError(f"calibration: could not load {path} (streamed load): {e}") from None
     try:
@@ -154,7 +156,8 @@ def _stream_load(path: str | Path, acc: str, n_ctx: int, n_prefill: int, threads
 
 
 def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int, n_ctx: int, n_prefill: int,
-                     threads: int, mmap: bool, reps: int) -> dict[str, Any] | None:
+                     threads: int, mmap: bool, reps: int,
+                     attention: Mapping[str, Any] = NO_FLASH_ATTN) -> dict[str, Any] | None:
     """Decode passes (1 token after n_prefill) with the offloaded layers' weight matmuls
     alternating between the host and `acc` (file order; op offload off, so a host weight's op
     stays on the host): their mean wall time, and the placement as llama.cpp made it (which
@@ -173,8 +176,8 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
         return None
     try:
         llm = Llama(str(path), devices=[acc], placement=placement, n_ctx=n_ctx, n_batch=n_prefill,
-                    n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap, flash_attn=False,
-                    verbose=False, n_gpu_layers=n_gpu_layers, op_offload=False)
+                    n_ubatch=n_prefill, n_threads=threads, n_threads_batch=threads, use_mmap=mmap, verbose=False,
+                    n_gpu_layers=n_gpu_layers, op_offload=False, **attention)
     except (OallamaError, ValueError, RuntimeError) as e:
         raise ProfileError(f"calibration: could not load {path} (scattered load): {e}") from None
     try:
@@ -187,7 +190,7 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
 
 
 def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill: int, threads: int, mmap: bool,
-                    reps: int) -> dict[str, Any] | None:
+                    reps: int, attention: Mapping[str, Any] = NO_FLASH_ATTN) -> dict[str, Any] | None:
     """Host-only passes of each size in `sizes` (1: decode after n_prefill tokens, the mean of its
     passes; n > 1: a prompt of n tokens, the median) in two loads one after the other: a default
     load (ggml repacks what its CPU kernels can) and one with those weights in plain memory. The
@@ -208,8 +211,8 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     for what in ("default", "plain"):
         try:
             llm = Llama(str(path), devices=["CPU"], layouts=layouts or None, n_ctx=n_ctx, n_batch=max(sizes), n_ubatch=max(sizes),
-                        n_threads=threads, n_threads_batch=threads, use_mmap=mmap, flash_attn=False, verbose=False,
-                        n_gpu_layers=0, op_offload=False)
+                        n_threads=threads, n_threads_batch=threads, use_mmap=mmap, verbose=False,
+                        n_gpu_layers=0, op_offload=False, **attention)
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"calibration: could not load {path} ({what} layouts load): {e}") from None
         try:

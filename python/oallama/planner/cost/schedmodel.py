@@ -156,11 +156,13 @@ class PassModel:
     """One graph, its scheduling rules and its cost coefficients (see module docstring)."""
 
     def __init__(self, graph: Graph, profile: Profile | None, acc: str | None, *, n_layer: int, op_offload: bool = True,
-                 full_graph: Graph | None = None) -> None:
+                 full_graph: Graph | None = None, attended: float | None = None) -> None:
         """graph: the ubatch's graph with every weight in host memory and n_gpu_layers=0 (its
         scheduling shows llama.cpp's default op offload); full_graph: the same graph with every
-        layer offloaded, whose only use is to see which nodes llama.cpp pins in that mode."""
+        layer offloaded, whose only use is to see which nodes llama.cpp pins in that mode;
+        attended: the KV cells a token of the pass attends to (mean; calfit.work)."""
         self.graph = graph
+        self.attended = attended
         self.acc = acc
         self.n_tokens = graph.n_tokens
         self.n_layer = n_layer
@@ -264,7 +266,7 @@ class PassModel:
                 continue
             n = self.graph.nodes[i]
             srcs = [self.graph.tensor(s) for s in n.srcs]
-            w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs))
+            w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs), self.attended)
             self.t_host[i] = host.node_time_us(n.op, w, self.n_tokens)
             self.t_acc[i] = acc.node_time_us(n.op, w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
