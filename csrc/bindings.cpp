@@ -543,7 +543,8 @@ PYBIND11_MODULE(_core, m) {
         .def(py::init([](const std::string & path, py::object devices,
                          const std::vector<std::pair<std::string, std::string>> & overrides, int32_t n_gpu_layers,
                          uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t flash_attn,
-                         bool op_offload, bool verbose, const std::string & type_k, const std::string & type_v) {
+                         bool op_offload, bool verbose, const std::string & type_k, const std::string & type_v,
+                         bool swa_full) {
                  oallama_session_params p;
                  p.path = path;
                  p.use_devices = !devices.is_none();
@@ -554,14 +555,14 @@ PYBIND11_MODULE(_core, m) {
                  p.n_gpu_layers = n_gpu_layers;
                  p.n_ctx = n_ctx; p.n_batch = n_batch; p.n_ubatch = n_ubatch; p.n_threads = n_threads;
                  p.flash_attn = flash_attn_type(flash_attn); p.op_offload = op_offload; p.verbose = verbose;
-                 p.type_k = type_by_name(type_k); p.type_v = type_by_name(type_v);
+                 p.type_k = type_by_name(type_k); p.type_v = type_by_name(type_v); p.swa_full = swa_full;
                  py::gil_scoped_release release;
                  return new Session(p);
              }),
              py::arg("path"), py::arg("devices") = py::none(), py::arg("overrides") = std::vector<std::pair<std::string, std::string>>(),
              py::arg("n_gpu_layers") = 0, py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_ubatch") = 512,
              py::arg("n_threads") = 4, py::arg("flash_attn") = 0, py::arg("op_offload") = true, py::arg("verbose") = false,
-             py::arg("type_k") = "f16", py::arg("type_v") = "f16")
+             py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("swa_full") = true)
         .def("close", &Session::close, "Free the model and context; their Context / Model handles then raise ClosedError.")
         .def_property_readonly("closed", &Session::closed)
         .def("context", [](py::object self) { return Context(self, &self.cast<const Session &>()); },

@@ -64,6 +64,7 @@ oallama_session * oallama_session_init(const oallama_session_params & p) {
     cp.flash_attn_type = p.flash_attn;
     cp.type_k          = p.type_k;
     cp.type_v          = p.type_v;
+    cp.swa_full        = p.swa_full;
     cp.no_perf         = true;
     s->ctx = llama_init_from_model(s->model, cp);
     if (s->ctx == nullptr) {

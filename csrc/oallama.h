@@ -180,6 +180,7 @@ struct oallama_session_params {
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // AUTO: llama.cpp resolves it per layer's device
     ggml_type   type_k = GGML_TYPE_F16;         // KV cache types (llama.cpp's -ctk / -ctv)
     ggml_type   type_v = GGML_TYPE_F16;
+    bool        swa_full = true;                // a sliding-window layer's cache holds the whole context
     bool        op_offload = true;
     bool        verbose = false;
 };

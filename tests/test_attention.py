@@ -16,8 +16,11 @@ from helpers import assert_memory_as_planned, planned_context, stock_context, st
 from oallama import Llama, PlanError, _core
 from oallama.planner.context import Workload, build_context
 from oallama.planner.cost.measure import profile_model
+from oallama.planner.graph import attention_layers
 from oallama.planner.plan import make_plan
 from oallama.runtime import kvcache, rpc
+from oallama.serve.app import build_app
+from oallama.serve.options import ServeOptions
 
 N_CTX = 2048  # tokens: the KV cache is most of the context's bytes
 
@@ -96,6 +99,13 @@ def test_a_plans_attention_is_what_oallama_and_the_stock_server_load(fa: str, ct
     assert got["context"] > 0 and got == {k: plan.memory[k] for k in got}
     with pytest.raises(PlanError, match=r"flash_attn=False conflicts with the plan's flash_attn=True"):
         Llama(str(tiny), placement=path, flash_attn=False, **kw)
+    # oallama serve takes it too: llama_cpp.server's own defaults (flash attention off) do not overrule it
+    served = build_app(ServeOptions(tiny, placement=path, ctx=n_ctx, threads=1))
+    try:
+        assert served.llm.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        assert served.llm.context_params.type_v == kvcache.ggml_type_id(ctv)
+    finally:
+        served.close()
     log = tmp_path / "llama-server.log"
     with rpc.start_server(threads=1) as other:  # a fresh rpc-server: one serves one client at a time
         args = [a.replace(own_server.endpoint, other.endpoint) for a in plan.stock_command()[1:]]
@@ -130,3 +140,34 @@ def test_a_sliding_window_models_cache_is_what_the_stock_server_reserves(gemma3_
     assert stock_context(text) == planned_context(plan)
     assert plan.memory["context"] > 0
     assert_memory_as_planned(plan, text, "RPC0")
+
+
+@pytest.mark.parametrize(("preset", "qtype", "window", "global_layers"), [
+    ("gpt-oss-small", "mxfp4_moe", 128, {1, 3}), ("tiny", "q8_0", 0, {0, 1, 2, 3})], ids=["gpt-oss-small", "tiny"])
+def test_window_layers_are_read_from_llama_cpp(preset: str, qtype: str, window: int, global_layers: set[int],
+                                               synth_model) -> None:
+    """gpt-oss attends over a 128-token window in every other layer (llama.cpp's pattern: the file
+    says only the window); a model without windows has none."""
+    layers = attention_layers(synth_model(preset, qtype))
+    assert set(layers.order) - set(layers.window) == global_layers
+    assert set(layers.window.values()) <= {window}
+
+
+def test_a_window_layers_flash_attention_costs_its_window(synth_model) -> None:
+    """Decode with flash attention after a 1000- and a 4000-token prompt, costed from one calibration
+    measured with it: a window layer's attention node costs the same at both (ggml skips the cells
+    its mask hides: it reads its 128), a global layer's grows with the cells before the token."""
+    path = synth_model("gpt-oss-small", "mxfp4_moe")
+    prof = profile_model(path, ["CPU"], threads=1, repeats=2, progress=False, n_ctx=1024, flash_attn=True)
+    costs = []
+    for prompt in (1000, 4000):
+        wl = Workload(prompt=prompt, gen=8, n_ubatch=512, flash_attn="on")
+        pm = build_context(path, None, wl, profile=prof, threads=1, progress=False).passes[1]
+        fa = [i for i in pm.order if pm.graph.nodes[i].op == "FLASH_ATTN_EXT"]
+        costs.append({pm.kv_layer(pm.graph.nodes[i].srcs[1]): pm.t_host[i] for i in fa})
+    short, long = costs
+    assert set(short) == {0, 1, 2, 3}
+    for layer in (0, 2):
+        assert long[layer] == pytest.approx(short[layer])
+    for layer in (1, 3):
+        assert long[layer] > 2 * short[layer]

@@ -320,9 +320,11 @@ class Session:
     def __init__(self, path: str, devices: Sequence[str] | None = None,
                  overrides: Sequence[tuple[str, str]] = ..., n_gpu_layers: int = 0, n_ctx: int = 4096,
                  n_batch: int = 512, n_ubatch: int = 512, n_threads: int = 4, flash_attn: int = 0,
-                 op_offload: bool = True, verbose: bool = False, type_k: str = "f16", type_v: str = "f16") -> None:
+                 op_offload: bool = True, verbose: bool = False, type_k: str = "f16", type_v: str = "f16",
+                 swa_full: bool = True) -> None:
         """flash_attn: -1 auto (llama.cpp resolves it per layer's device), 0 off, 1 on; type_k / type_v: the
-        KV cache's ggml types ("f16", "q8_0", ...)."""
+        KV cache's ggml types ("f16", "q8_0", ...); swa_full: a sliding-window layer's cache holds the
+        whole context (llama-cpp-python's default) rather than its window."""
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

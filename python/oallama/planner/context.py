@@ -29,7 +29,7 @@ from .cost.measure import profile_model
 from .cost.mmshares import interpolated
 from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings
 from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
-from .graph import Graph, GraphSession, target_ops
+from .graph import Graph, GraphSession, attention_layers, target_ops
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
 SHAPE_NODE_MIN = 10.0  # a weight matmul shape's nodes took at least this many times what timing a node alone
@@ -266,8 +266,9 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         if timed and progress:
             log(f"timed {timed} op shape(s) on {acc_name} at pass sizes the profile lacked (kept in it)")
     attended = workload.pass_attended()
+    layers = attention_layers(path) if attention["flash_attn"] else None  # its window layers' flash attention
     passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n],
-                           attended=attended[n]) for n in sizes}
+                           attended=attended[n], attention=layers) for n in sizes}
     for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)
         pm.acc_ok.update({w: False for w in kept if w in pm.acc_ok})
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch, **attention,

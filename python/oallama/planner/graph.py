@@ -171,7 +171,8 @@ def target_ops(graph: Graph) -> list[TargetOp]:
 
 class GraphSession:
     """A metadata-only load of a model (weights are never read) and a context, for graphs.
-    flash_attn: on/off (a bool) or llama.cpp's "auto"; type_k / type_v: the KV cache's types.
+    flash_attn: on/off (a bool) or llama.cpp's "auto"; type_k / type_v: the KV cache's types;
+    swa_full: a sliding-window layer's cache holds the whole context (llama-cpp-python's default).
 
     devices / overrides place weights exactly as a real load would (overrides: (regex, device)),
     so the scheduler's assignment in `graph()` is the one a real run would get.
@@ -181,7 +182,7 @@ class GraphSession:
                  overrides: Sequence[tuple[str, str]] = (), n_ctx: int = 4096, n_ubatch: int = 512,
                  n_threads: int = 4, flash_attn: bool | str = False, op_offload: bool = True,
                  offload_policy: dict[str, int] | None = None, n_gpu_layers: int = 0, type_k: str = "f16",
-                 type_v: str = "f16") -> None:
+                 type_v: str = "f16", swa_full: bool = True) -> None:
         from ..runtime import devices as devmod
         from ..runtime import kvcache
 
@@ -192,7 +193,7 @@ class GraphSession:
             self._s = _core.Session(str(path), list(devices) if devices is not None else None,
                                     list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
                                     kvcache.flash_attn_code(flash_attn) if isinstance(flash_attn, str) else int(flash_attn),
-                                    op_offload, False, type_k, type_v)
+                                    op_offload, False, type_k, type_v, swa_full)
         except RuntimeError as e:
             raise ModelFileError(str(e)) from None
         if offload_policy:
@@ -238,6 +239,38 @@ class Inventory:
         for op in self.target_ops(n_tokens):
             out[op.layer].append(op)
         return dict(out)
+
+
+@dataclass(frozen=True)
+class AttentionLayers:
+    """A model's attention layers: `order`, the layers with a KV cache in graph order (the k-th
+    attention node of a pass is layer order[k]'s), and `window`, layer -> the cells a token of a
+    sliding-window layer attends to at most (absent: every cell before it)."""
+
+    order: tuple[int, ...]
+    window: dict[int, int]
+
+    def cells(self, layer: int | None, attended: float) -> float:
+        """The cells a token of `layer` attends to when it could attend to `attended` (mean)."""
+        w = self.window.get(layer) if layer is not None else None
+        return min(attended, float(w)) if w else attended
+
+
+_CACHE_K = re.compile(r"^cache_k_l(\d+)$")
+
+
+def attention_layers(path: str | Path) -> AttentionLayers:
+    """Which layers attend over a sliding window (GGUF `<arch>.attention.sliding_window`), read
+    from llama.cpp itself: in a metadata-only load whose window layers keep only their window's
+    cells (swa_full off), their K cache is smaller than the context; the pattern of window layers
+    (every sixth global in Gemma 3, every other in gpt-oss) is llama.cpp's, not the file's."""
+    model = gguf_file.check_model(path)
+    window = int(model.hparam("attention.sliding_window", 0) or 0)
+    probe = max(4 * window, 4096)  # tokens: a context well beyond the window
+    with GraphSession(path, n_ctx=probe, n_ubatch=1, swa_full=window <= 0) as s:
+        g = s.graph(1)
+    cells = {int(m[1]): lf.ne[1] for lf in g.leafs if (m := _CACHE_K.match(lf.name))}
+    return AttentionLayers(tuple(sorted(cells)), {il: window for il, n in cells.items() if window > 0 and n < probe})
 
 
 def inventory(path: str | Path, n_tokens: Sequence[int] = (1, 512), *, n_ctx: int = 4096,

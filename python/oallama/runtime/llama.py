@@ -323,7 +323,7 @@ class Llama(llama_cpp.Llama):
                                 f"n_gpu_layers={req.n_gpu_layers}")
             kwargs["n_gpu_layers"] = req.n_gpu_layers
         for k, v in (req.llama_kwargs or {}).items():
-            if k in kwargs and kwargs[k] != v:
+            if kwargs.get(k) is not None and kwargs[k] != v:  # None: not given (llama_cpp's server passes it)
                 raise PlanError(f"{k}={kwargs[k]!r} conflicts with the plan's {k}={v!r}")
             kwargs[k] = v
         if kwargs.get("op_offload") is False and req.offload_policy:

@@ -160,9 +160,15 @@ def _bound(module: types.ModuleType, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def _placed_llama(ours: dict[str, Any], keep_n_gpu_layers: bool, *, model_path: str, **kwargs: Any) -> Llama:
-    if not keep_n_gpu_layers:
-        kwargs.pop("n_gpu_layers", None)  # ModelSettings' default 0 would overrule a plan's
+# ModelSettings' defaults that would overrule a plan's own (n_gpu_layers 0, flash attention off, the
+# KV cache's types): passed on only where the user gave them
+_PLAN_SETTINGS = ("n_gpu_layers", "flash_attn", "type_k", "type_v")
+
+
+def _placed_llama(ours: dict[str, Any], given: frozenset[str], *, model_path: str, **kwargs: Any) -> Llama:
+    for k in _PLAN_SETTINGS:
+        if k not in given:
+            kwargs.pop(k, None)
     return Llama(model_path, **ours, **kwargs)
 
 
@@ -170,15 +176,15 @@ class PlacedLlamaProxy(LlamaProxy):
     """llama_cpp.server's model proxy, loading through oallama's `Llama` with a placement."""
 
     def __init__(self, models: list[ModelSettings], *, llama_kwargs: dict[str, Any],
-                 keep_n_gpu_layers: bool = False) -> None:
+                 given: frozenset[str] = frozenset()) -> None:
         self._llama_kwargs = llama_kwargs  # oallama's keywords (placement, ...) for every load
-        self._keep_n_gpu_layers = keep_n_gpu_layers
+        self._given = given  # the model settings the user gave
         super().__init__(models)
 
     def load_llama_from_model_settings(self, settings: ModelSettings) -> llama_cpp.Llama:  # type: ignore[override]
         if settings.hf_model_repo_id is not None:
             raise ServeOptionError("hf_model_repo_id: oallama serve loads a local GGUF file (MODEL)")
-        factory = functools.partial(_placed_llama, self._llama_kwargs, self._keep_n_gpu_layers)
+        factory = functools.partial(_placed_llama, self._llama_kwargs, self._given)
         with _bound(upstream_model, "llama_cpp", _LlamaCppWithLlama(factory)):
             return LlamaProxy.load_llama_from_model_settings(settings)
 
@@ -257,7 +263,7 @@ def build_app(opts: ServeOptions, *, rpc_device: str | None = None) -> ServedApp
     server_settings, model_settings, given = build_settings(opts)
     ours = llama_kwargs(opts, rpc_device)
     try:
-        proxy = PlacedLlamaProxy([model_settings], llama_kwargs=ours, keep_n_gpu_layers="n_gpu_layers" in given)
+        proxy = PlacedLlamaProxy([model_settings], llama_kwargs=ours, given=frozenset(given))
     except OallamaError:
         raise
     except (ValueError, RuntimeError) as e:

@@ -76,6 +76,7 @@ from typing import Any
 from ... import _core
 from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
+from ..graph import AttentionLayers, attention_layers
 from . import outside
 from .calfit import Calibration, fit, line, work
 from .realpass import (
@@ -214,13 +215,20 @@ class _Load:
             first = stop + 1
 
 
-def _node_points(load: _Load) -> list[dict[str, Any]]:
-    """Every timed node of every pass: median over the repeats of its node-mode time."""
+def _node_points(load: _Load, layers: AttentionLayers | None = None) -> list[dict[str, Any]]:
+    """Every timed node of every pass: median over the repeats of its node-mode time. layers: the
+    model's attention layers, whose windows bound what its flash attention nodes attend to (the
+    k-th of a pass is layer layers.order[k]'s, where the counts agree)."""
     out = []
     for (n, n_past), runs in load.node_runs.items():
+        fa = [k for k, r in enumerate(runs[0].nodes) if r.op == "FLASH_ATTN_EXT"]
+        layer_at = dict(zip(fa, layers.order, strict=True)) if layers and len(fa) == len(layers.order) else {}
         for k, r in enumerate(runs[0].nodes):
             us = statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
-            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=n_past + (n + 1) / 2)
+            cells = n_past + (n + 1) / 2  # the mean token's
+            if layers is not None and k in layer_at:
+                cells = layers.cells(layer_at[k], cells)
+            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=cells)
             # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
             cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
             out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
@@ -315,6 +323,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
 
     info = gguf_file.check_model(path)
     n_layer = int(info.hparam("block_count", 0))
+    layers = attention_layers(path) if attention.get("flash_attn") else None
     accs = [devmod.resolve(d) for d in devices if not devmod.resolve(d).is_host]
     n_prefill = max(1, min(n_prefill, n_ctx // 2))
     n_big = min(BIG_PREFILL * n_prefill, n_ctx // 2)
@@ -356,7 +365,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             per_token_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill
             if per_token_s * (n_ctx - n_prefill) < max_fill_s:
                 load.measure(1, n_ctx - 2)
-            points += [{**p, "load": what} for p in _node_points(load)]
+            points += [{**p, "load": what} for p in _node_points(load, layers)]
             splits += [{**s, "load": what} for s in load.splits]
             if what == "host":  # with an accelerator, reading its results back is the model's copies
                 host_outside = outside.overheads(llm, load.outside, reps)

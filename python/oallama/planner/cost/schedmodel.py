@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
-from ..graph import Graph, Node, layer_of, node_layer
+from ..graph import AttentionLayers, Graph, Node, layer_of, node_layer
 from .calfit import Calibration, work
 from .mmshares import class_key
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
@@ -156,13 +156,16 @@ class PassModel:
     """One graph, its scheduling rules and its cost coefficients (see module docstring)."""
 
     def __init__(self, graph: Graph, profile: Profile | None, acc: str | None, *, n_layer: int, op_offload: bool = True,
-                 full_graph: Graph | None = None, attended: float | None = None) -> None:
+                 full_graph: Graph | None = None, attended: float | None = None,
+                 attention: AttentionLayers | None = None) -> None:
         """graph: the ubatch's graph with every weight in host memory and n_gpu_layers=0 (its
         scheduling shows llama.cpp's default op offload); full_graph: the same graph with every
         layer offloaded, whose only use is to see which nodes llama.cpp pins in that mode;
-        attended: the KV cells a token of the pass attends to (mean; calfit.work)."""
+        attended: the KV cells a token of the pass attends to (mean; calfit.work), at most a
+        sliding-window layer's window (`attention`)."""
         self.graph = graph
         self.attended = attended
+        self.attention = attention
         self.acc = acc
         self.n_tokens = graph.n_tokens
         self.n_layer = n_layer
@@ -266,7 +269,10 @@ class PassModel:
                 continue
             n = self.graph.nodes[i]
             srcs = [self.graph.tensor(s) for s in n.srcs]
-            w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs), self.attended)
+            cells = self.attended
+            if cells is not None and self.attention is not None and n.op == "FLASH_ATTN_EXT" and len(n.srcs) > 1:
+                cells = self.attention.cells(self.kv_layer(n.srcs[1]), cells)  # src1: the layer's K cache
+            w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs), cells)
             self.t_host[i] = host.node_time_us(n.op, w, self.n_tokens)
             self.t_acc[i] = acc.node_time_us(n.op, w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
