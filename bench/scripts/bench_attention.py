@@ -42,6 +42,7 @@ def _plan(model: Path, prompt: int, gen: int, fa: str, ctype: str, threads: int,
     if acc is None:
         return ctx, None, ctx.predict(Placement(frozenset(), 0, {w: NEVER for w in ctx.weight_bytes}))
     plan = make_plan(ctx, "layers", budget)
+    (out / "plans").mkdir(parents=True, exist_ok=True)
     path = plan.save(out / "plans" / f"{model.stem}-p{prompt}-fa{fa}-{ctype}.json")
     return ctx, path, dict(plan.predicted)
 
