@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PlacementError, PlanError
+from ..errors import PlacementError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
 from . import kvcache, planfile
@@ -211,17 +211,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             plan_kw = {"gpu_budget": args.gpu_budget, "device": devices[-1], "host_budget": args.host_budget,
                        "confirm": args.confirm, "workload": wl}
             devices = None
-        if "workload" not in plan_kw and attention:  # a load as given (a plan file's own settings must agree)
-            if attention.get("flash_attn") == "auto":
-                raise PlanError("--flash-attn auto is resolved by planning: give --gpu-budget or --cpu-plan, or on/off")
-            kvcache.check(attention.get("flash_attn", "off"), attention.get("cache_type_k", "f16"),
-                          attention.get("cache_type_v", "f16"))
-            plan_kw.update(kvcache.llama_kwargs(attention.get("flash_attn", "off") == "on",
-                                                attention.get("cache_type_k", "f16"),
-                                                attention.get("cache_type_v", "f16")))
-            for key, name in (("flash_attn", "flash_attn"), ("type_k", "cache_type_k"), ("type_v", "cache_type_v")):
-                if name not in attention:
-                    plan_kw.pop(key)  # not given: the plan file's, or llama-cpp-python's default
+        if "workload" not in plan_kw:  # a load as given (a plan file's own settings must agree)
+            plan_kw.update(kvcache.given_llama_kwargs(args.flash_attn, args.cache_type_k, args.cache_type_v))
         llm = Llama(args.model, devices=devices, placement=placement, n_ctx=args.ctx, n_ubatch=args.ubatch,
                     n_threads=args.threads, n_threads_batch=args.threads, seed=args.seed, verbose=args.verbose,
                     rpc_timeout=args.rpc_timeout, **plan_kw)

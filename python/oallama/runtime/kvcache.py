@@ -78,4 +78,15 @@ def llama_kwargs(flash_attn: bool, type_k: str, type_v: str) -> dict[str, Any]:
     return {"flash_attn": bool(flash_attn), "type_k": ggml_type_id(type_k), "type_v": ggml_type_id(type_v)}
 
 
+def given_llama_kwargs(flash_attn: str | None, type_k: str | None, type_v: str | None) -> dict[str, Any]:
+    """llama_cpp.Llama's keywords for the settings given (None: not given, left to a plan file or
+    llama-cpp-python's default) on a load that is not planned: `auto` needs planning."""
+    if flash_attn == "auto":
+        raise PlanError("--flash-attn auto is resolved by planning: give --gpu-budget or --cpu-plan, or on/off")
+    check(flash_attn or "off", type_k or "f16", type_v or "f16")
+    out = llama_kwargs(flash_attn == "on", type_k or "f16", type_v or "f16")
+    given = {"flash_attn": flash_attn, "type_k": type_k, "type_v": type_v}
+    return {k: v for k, v in out.items() if given[k] is not None}
+
+
 NO_FLASH_ATTN = MappingProxyType(llama_kwargs(False, "f16", "f16"))  # llama-cpp-python's defaults, said
