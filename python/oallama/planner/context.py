@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,33 +103,36 @@ class Workload:
         """The context size (tokens): `context`, or prompt + gen rounded up to 256 (at least 256)."""
         return self.context or max(256, -(-(self.prompt + self.gen) // 256) * 256)
 
+    def passes(self) -> list[tuple[int, int]]:
+        """Every pass of the workload as (n_tokens, cells before it): the prompt's ubatches, then a
+        1-token pass per generated token but the first (which the prompt's last pass gives)."""
+        out, pos = [], 0
+        for n in self.ubatches():
+            out.append((n, pos))
+            pos += n
+        return out + [(1, p) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1))]
+
+    def _mean_by_size(self, value: Callable[[int, int], float]) -> dict[int, float]:
+        """n_tokens -> the mean of value(n_tokens, cells before) over the passes of that size."""
+        seen: dict[int, list[float]] = {}
+        for n, pos in self.passes():
+            seen.setdefault(n, []).append(value(n, pos))
+        return {n: sum(v) / len(v) for n, v in seen.items()}
+
     def pass_kv(self) -> dict[int, int]:
         """n_tokens -> the KV length its passes attend over (tokens). llama.cpp pads the KV view
         to 256 cells: n_kv = min(n_ctx, max(256, pad256(cells used))). Passes of one size at
         several lengths get their mean, padded (attention is linear in it)."""
-        def pad(used: int) -> int:
-            return min(self.n_ctx, max(256, -(-used // 256) * 256))
+        def pad(used: float) -> int:
+            return min(self.n_ctx, max(256, -(-round(used) // 256) * 256))
 
-        seen: dict[int, list[int]] = {}
-        pos = 0
-        for n in self.ubatches():
-            pos += n
-            seen.setdefault(n, []).append(pad(pos))
-        # the first token comes from the prompt's pass; each further one is a 1-token pass
-        seen.setdefault(1, []).extend(pad(p + 1) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1)))
-        return {n: pad(round(sum(v) / len(v))) for n, v in seen.items()}
+        return {n: pad(v) for n, v in self._mean_by_size(lambda n, pos: pad(pos + n)).items()}
 
     def pass_attended(self) -> dict[int, float]:
         """n_tokens -> the KV cells a token of that pass attends to (mean over its tokens and its
-        passes; flash attention's work, calfit.work): a prompt ubatch at positions [pos, pos + n)
-        pos + (n + 1) / 2, a decode pass after p tokens p + 1."""
-        seen: dict[int, list[float]] = {}
-        pos = 0
-        for n in self.ubatches():
-            seen.setdefault(n, []).append(pos + (n + 1) / 2)
-            pos += n
-        seen.setdefault(1, []).extend(p + 1.0 for p in range(self.prompt, self.prompt + max(self.gen - 1, 1)))
-        return {n: sum(v) / len(v) for n, v in seen.items()}
+        passes; flash attention's work, calfit.work): a pass of n tokens after pos cells,
+        pos + (n + 1) / 2."""
+        return self._mean_by_size(lambda n, pos: pos + (n + 1) / 2)
 
     def pass_weights(self, objective: str | None = None) -> dict[int, float]:
         """n_tokens -> how often that pass counts in the objective."""

@@ -259,13 +259,15 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     rounds: list[Round] = []
     acc = devices[1] if len(devices) > 1 else None  # the CPU first
     refused = profile.refused(acc) if acc is not None and profile is not None else set()
+    layers = attention_layers(path) if attention.get("flash_attn") else None  # its window layers, once
     for k in range(max(max_rounds, 1)):
         if progress and k:
             print(f"\rcalibrate: round {k + 1} (each pass's median round is kept)".ljust(100), end="",
                   file=sys.stderr, flush=True)
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
-                                     progress=progress, routing=k == 0, refused=refused, attention=attention))
+                                     progress=progress, routing=k == 0, refused=refused, attention=attention,
+                                     layers=layers))
         spent = time.perf_counter() - t0
         if spent + spent / (k + 1) > rounds_s:  # another round would end past rounds_s
             break
@@ -281,7 +283,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
                                      progress=False, routing=False, host_only=True, refused=refused,
-                                     attention=attention))
+                                     attention=attention, layers=layers))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
@@ -312,7 +314,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
                    routing: bool = True, host_only: bool = False,
                    refused: Collection[tuple[str, tuple[int, ...]]] = (),
-                   attention: Mapping[str, Any] = NO_FLASH_ATTN) -> Round:
+                   attention: Mapping[str, Any] = NO_FLASH_ATTN, layers: AttentionLayers | None = None) -> Round:
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
     which does not change between rounds; host_only: the host load's passes alone; refused: weights
     (type, shape) the accelerator refused to run when profiled, never streamed to it)."""
@@ -323,7 +325,6 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
 
     info = gguf_file.check_model(path)
     n_layer = int(info.hparam("block_count", 0))
-    layers = attention_layers(path) if attention.get("flash_attn") else None
     accs = [devmod.resolve(d) for d in devices if not devmod.resolve(d).is_host]
     n_prefill = max(1, min(n_prefill, n_ctx // 2))
     n_big = min(BIG_PREFILL * n_prefill, n_ctx // 2)
