@@ -544,7 +544,7 @@ PYBIND11_MODULE(_core, m) {
                          const std::vector<std::pair<std::string, std::string>> & overrides, int32_t n_gpu_layers,
                          uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t flash_attn,
                          bool op_offload, bool verbose, const std::string & type_k, const std::string & type_v,
-                         bool swa_full) {
+                         bool swa_full, uint32_t n_seq_max, bool kv_unified) {
                  oallama_session_params p;
                  p.path = path;
                  p.use_devices = !devices.is_none();
@@ -556,13 +556,15 @@ PYBIND11_MODULE(_core, m) {
                  p.n_ctx = n_ctx; p.n_batch = n_batch; p.n_ubatch = n_ubatch; p.n_threads = n_threads;
                  p.flash_attn = flash_attn_type(flash_attn); p.op_offload = op_offload; p.verbose = verbose;
                  p.type_k = type_by_name(type_k); p.type_v = type_by_name(type_v); p.swa_full = swa_full;
+                 p.n_seq_max = n_seq_max; p.kv_unified = kv_unified;
                  py::gil_scoped_release release;
                  return new Session(p);
              }),
              py::arg("path"), py::arg("devices") = py::none(), py::arg("overrides") = std::vector<std::pair<std::string, std::string>>(),
              py::arg("n_gpu_layers") = 0, py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_ubatch") = 512,
              py::arg("n_threads") = 4, py::arg("flash_attn") = 0, py::arg("op_offload") = true, py::arg("verbose") = false,
-             py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("swa_full") = true)
+             py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("swa_full") = true,
+             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false)
         .def("close", &Session::close, "Free the model and context; their Context / Model handles then raise ClosedError.")
         .def_property_readonly("closed", &Session::closed)
         .def("context", [](py::object self) { return Context(self, &self.cast<const Session &>()); },
@@ -573,20 +575,23 @@ PYBIND11_MODULE(_core, m) {
 #if OALLAMA_HAVE_FIT
     m.def("fit_params", [](const std::string & path, const std::vector<std::string> & devices,
                            const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                           int32_t flash_attn, const std::string & type_k, const std::string & type_v) {
+                           int32_t flash_attn, const std::string & type_k, const std::string & type_v,
+                           uint32_t n_seq_max, bool kv_unified) {
         const ggml_type tk = type_by_name(type_k), tv = type_by_name(type_v);
         py::gil_scoped_release release;
-        return oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn_type(flash_attn), tk, tv);
+        return oallama_fit_params(path, devices, margins, n_ctx, n_batch, n_ubatch, flash_attn_type(flash_attn), tk, tv,
+                                  n_seq_max, kv_unified);
     }, py::arg("path"), py::arg("devices"), py::arg("margins"), py::arg("n_ctx"), py::arg("n_batch") = 512,
        py::arg("n_ubatch") = 512, py::arg("flash_attn") = 0, py::arg("type_k") = "f16", py::arg("type_v") = "f16",
+       py::arg("n_seq_max") = 1, py::arg("kv_unified") = false,
        "llama.cpp's automatic fit (common_fit_params) leaving margins[i] bytes free on devices[i].");
 #endif
 
-    m.def("graph", [](const Context & context, uint32_t n_tokens, uint32_t n_outputs) {
+    m.def("graph", [](const Context & context, uint32_t n_tokens, uint32_t n_outputs, uint32_t n_seqs) {
         llama_context * ctx = context.get();
         py::gil_scoped_release release;
-        return oallama_context_build_graph(ctx, n_tokens, n_outputs);
-    }, py::arg("context"), py::arg("n_tokens"), py::arg("n_outputs") = 1,
+        return oallama_context_build_graph(ctx, n_tokens, n_outputs, n_seqs);
+    }, py::arg("context"), py::arg("n_tokens"), py::arg("n_outputs") = 1, py::arg("n_seqs") = 1,
        "Graph of one ubatch and the scheduler's node -> device assignment.");
 
     m.def("memory", [](const Context & context) {

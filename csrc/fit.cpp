@@ -9,7 +9,7 @@
 oallama_fit_result oallama_fit_params(const std::string & path, const std::vector<std::string> & devices,
                                       const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch,
                                       uint32_t n_ubatch, llama_flash_attn_type flash_attn, ggml_type type_k,
-                                      ggml_type type_v) {
+                                      ggml_type type_v, uint32_t n_seq_max, bool kv_unified) {
     if (devices.size() != margins.size()) {
         throw std::runtime_error("oallama_fit_params: one margin per device is needed");
     }
@@ -25,9 +25,10 @@ oallama_fit_result oallama_fit_params(const std::string & path, const std::vecto
     cp.n_ctx           = n_ctx;
     cp.n_batch         = n_batch;
     cp.n_ubatch        = n_ubatch;
-    cp.n_seq_max       = 1;
-    // one row of logits per ubatch, as oallama's Llama (without logits_all) and llama-server reserve
-    cp.n_outputs_max         = 1;
+    cp.n_seq_max       = n_seq_max;
+    cp.kv_unified      = kv_unified;
+    // one row of logits per sequence, as oallama's Llama (without logits_all) and llama-server reserve
+    cp.n_outputs_max         = n_seq_max;
     cp.n_outputs_max_per_seq = 1;
     cp.flash_attn_type = flash_attn;
     cp.type_k          = type_k;

@@ -54,9 +54,10 @@ oallama_session * oallama_session_init(const oallama_session_params & p) {
     cp.n_ctx           = p.n_ctx;
     cp.n_batch         = p.n_batch;
     cp.n_ubatch        = p.n_ubatch;
-    cp.n_seq_max       = 1;
-    // one row of logits per ubatch, as oallama's Llama (without logits_all) and llama-server reserve
-    cp.n_outputs_max         = 1;
+    cp.n_seq_max       = p.n_seq_max;
+    cp.kv_unified      = p.kv_unified;
+    // one row of logits per sequence, as oallama's Llama (without logits_all) and llama-server reserve
+    cp.n_outputs_max         = p.n_seq_max;
     cp.n_outputs_max_per_seq = 1;
     cp.n_threads       = p.n_threads;
     cp.n_threads_batch = p.n_threads;
@@ -129,12 +130,17 @@ static void fill_tensor(oallama_graph_tensor & out, const ggml_tensor * t) {
     out.host_buffer = buf != nullptr && ggml_backend_buffer_is_host(buf);
 }
 
-oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens, uint32_t n_outputs) {
+oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens, uint32_t n_outputs, uint32_t n_seqs) {
     if (ctx == nullptr) {
         throw std::runtime_error("oallama_context_build_graph: context is NULL");
     }
     if (n_tokens == 0 || n_outputs == 0 || n_outputs > n_tokens) {
         throw std::runtime_error("oallama_context_build_graph: need 0 < n_outputs <= n_tokens");
+    }
+    if (n_seqs == 0 || n_tokens % n_seqs != 0 || n_seqs > llama_n_seq_max(ctx)) {
+        throw std::runtime_error("oallama_context_build_graph: n_seqs " + std::to_string(n_seqs) + " must divide n_tokens " +
+                                 std::to_string(n_tokens) + " and be at most the context's n_seq_max " +
+                                 std::to_string(llama_n_seq_max(ctx)));
     }
     if (n_tokens > llama_n_ubatch(ctx)) {
         throw std::runtime_error("oallama_context_build_graph: n_tokens " + std::to_string(n_tokens) +
@@ -146,7 +152,7 @@ oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens
         mctx = mem->init_full();
     }
     // split only: the scheduler assigns every node to a backend, nothing is allocated
-    ggml_cgraph * gf = ctx->graph_reserve(n_tokens, 1, n_outputs, mctx.get(), /*split_only*/ true);
+    ggml_cgraph * gf = ctx->graph_reserve(n_tokens, n_seqs, n_outputs, mctx.get(), /*split_only*/ true);
     if (gf == nullptr) {
         throw std::runtime_error("llama.cpp could not build a graph for " + std::to_string(n_tokens) + " tokens");
     }

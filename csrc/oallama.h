@@ -181,6 +181,8 @@ struct oallama_session_params {
     ggml_type   type_k = GGML_TYPE_F16;         // KV cache types (llama.cpp's -ctk / -ctv)
     ggml_type   type_v = GGML_TYPE_F16;
     bool        swa_full = true;                // a sliding-window layer's cache holds the whole context
+    uint32_t    n_seq_max = 1;                  // parallel sequences (llama.cpp's -np)
+    bool        kv_unified = false;             // false: one KV stream of n_ctx / n_seq_max cells per sequence
     bool        op_offload = true;
     bool        verbose = false;
 };
@@ -224,7 +226,10 @@ struct oallama_graph {
 // The graph of one ubatch of n_tokens (n_outputs of them produce logits), split by the context's
 // scheduler without allocating anything. Invalidates the context's previous graph (the next
 // decode rebuilds its own).
-oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens, uint32_t n_outputs);
+// n_seqs: the sequences the ubatch's tokens belong to (n_tokens / n_seqs each): with one KV stream per
+// sequence (kv_unified off) each attends over its own stream.
+oallama_graph oallama_context_build_graph(llama_context * ctx, uint32_t n_tokens, uint32_t n_outputs,
+                                          uint32_t n_seqs = 1);
 
 // llama.cpp's memory breakdown of a context, per buffer type (bytes).
 struct oallama_memory_use {
@@ -427,7 +432,7 @@ struct oallama_fit_result {
 oallama_fit_result oallama_fit_params(const std::string & path, const std::vector<std::string> & devices,
                                       const std::vector<size_t> & margins, uint32_t n_ctx, uint32_t n_batch,
                                       uint32_t n_ubatch, llama_flash_attn_type flash_attn, ggml_type type_k,
-                                      ggml_type type_v);
+                                      ggml_type type_v, uint32_t n_seq_max = 1, bool kv_unified = false);
 
 //
 // quantization type mix (quant.cpp)

@@ -232,12 +232,13 @@ def stock_placement(log: str, tensor_names: list[str], n_layer: int) -> dict[str
 
 
 def stock_context(log: str) -> dict[str, str]:
-    """The context a stock llama.cpp load ran with, from its log: llama_context's n_ctx, n_batch,
-    n_ubatch, n_seq_max and flash_attn lines, and the KV cache's K and V types (the first cache's)."""
+    """The context a stock llama.cpp load ran with, from its log: llama_context's n_ctx, n_ctx_seq,
+    n_batch, n_ubatch, n_seq_max, kv_unified and flash_attn lines, and the KV cache's K and V types
+    (the first cache's)."""
     import re
 
-    out = {m[1]: m[2] for m in re.finditer(r"llama_context: (n_ctx|n_batch|n_ubatch|n_seq_max|flash_attn) += (\S+)",
-                                           log)}
+    out = {m[1]: m[2] for m in re.finditer(
+        r"llama_context: (n_ctx|n_ctx_seq|n_batch|n_ubatch|n_seq_max|kv_unified|flash_attn) += (\S+)", log)}
     if m := re.search(r"K \((\w+)\): .*?, V \((\w+)\)", log):
         out["type_k"], out["type_v"] = m[1], m[2]
     return out
@@ -267,7 +268,9 @@ def assert_memory_as_planned(plan: Any, log: str, device: str) -> None:
 def planned_context(plan: Any) -> dict[str, str]:
     """What `stock_context` should read for a plan's emitted command (planner.plan.Plan.stock_settings)."""
     s = plan.settings
-    return {"n_ctx": str(s["n_ctx"]), "n_batch": str(s["n_ubatch"]), "n_ubatch": str(s["n_ubatch"]), "n_seq_max": "1",
+    n_seq = int(s.get("n_seq_max", 1))
+    return {"n_ctx": str(s["n_ctx"]), "n_ctx_seq": str(int(s["n_ctx"]) // n_seq), "n_batch": str(s["n_ubatch"]),
+            "n_ubatch": str(s["n_ubatch"]), "n_seq_max": str(n_seq), "kv_unified": "false",
             "flash_attn": "enabled" if s["flash_attn"] else "disabled", "type_k": s.get("type_k", "f16"),
             "type_v": s.get("type_v", "f16")}
 

@@ -111,8 +111,8 @@ def test_split_runs_that_spread_widely_are_repeated(wide_seconds: float, runs: i
     real, split_walls = cal_mod.timed_eval, []
 
     def every_other_slow(llm: Llama, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int],
-                         stops: list[int]) -> Run:
-        r = real(llm, timer, prefix, toks, stops)
+                         stops: list[int], outputs: int = 1) -> Run:
+        r = real(llm, timer, prefix, toks, stops, outputs)
         if stops:  # a split-mode run
             r = Run(r.wall_us * (2 if len(split_walls) % 2 else 1), r.nodes)
             split_walls.append(r.wall_us)
@@ -139,9 +139,10 @@ def test_decode_passes_are_timed_on_other_tokens_as_a_generation_runs(tiny: Path
 
     real, seen = cal_mod.timed_eval, []
 
-    def record(llm: Llama, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int], stops: list[int]):
+    def record(llm: Llama, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int], stops: list[int],
+               outputs: int = 1):
         seen.append((len(prefix), list(toks)))
-        return real(llm, timer, prefix, toks, stops)
+        return real(llm, timer, prefix, toks, stops, outputs)
 
     monkeypatch.setattr(cal_mod, "timed_eval", record)
     monkeypatch.setattr(cal_mod, "SPLIT_SECONDS", 0.0)

@@ -3,8 +3,11 @@
 (every weight it can repacked) and against --no-repack (every weight plain), on one model and
 several workloads, measured end to end through llama.cpp with the predicted TTFT/TPOT beside.
 
-    python bench/scripts/bench_layouts.py MODEL [--workloads 512:32,64:128] [--threads 2] [--reps 3]
+    python bench/scripts/bench_layouts.py MODEL [--workloads 512:32,64:128,64:32:4] [--threads 2] [--reps 3]
         [--host-budget 200%] [-o bench/results/<date>-<machine>-layouts]
+
+A workload is prompt:gen, or prompt:gen:parallel for that many sequences decoded together (llama.cpp's
+-np: every decode pass carries one token of each, `runtime.generate.timed_parallel`).
 
 Per workload it plans (CPU only: `oallama plan` without a GPU budget) `optimal` without and with
 a host budget (the dual layout, patch 0006), then runs each distinct placement in a fresh process
@@ -41,11 +44,14 @@ PROMPT_WARMUP = (32, 4)  # tokens: the discarded warm-up generation (touches eve
 def _worker(spec_path: str) -> int:
     """One run in this fresh process: load with the plan, warm up, generate, write the result."""
     from oallama import Llama
-    from oallama.runtime.generate import prompt_tokens, timed_generate
+    from oallama.runtime.generate import prompt_tokens, timed_generate, timed_parallel
 
     spec = json.loads(Path(spec_path).read_text())
     t0 = time.perf_counter()
     kw: dict[str, Any] = {"placement": spec["plan"]} if spec.get("plan") else {}
+    np_ = int(spec.get("parallel", 1))
+    if np_ > 1:  # llama-server's slots given -np: a KV stream each
+        kw |= {"n_seq_max": np_, "kv_unified": False}
     llm = Llama(spec["model"], n_ctx=spec["n_ctx"], n_threads=spec["threads"], n_threads_batch=spec["threads"],
                 verbose=False, **kw)
     load_s = time.perf_counter() - t0
@@ -53,9 +59,13 @@ def _worker(spec_path: str) -> int:
     for t in llm.tensor_placements():
         bt = "CPU" if t.buffer_type == "CPU_Mapped" else t.buffer_type
         kinds[bt] = kinds.get(bt, 0) + 1
-    timed_generate(llm, prompt_tokens(llm, PROMPT_WARMUP[0]), PROMPT_WARMUP[1])
+    def gen(n_prompt: int, n_gen: int) -> Any:
+        toks = prompt_tokens(llm, n_prompt)
+        return timed_parallel(llm, toks, np_, n_gen) if np_ > 1 else timed_generate(llm, toks, n_gen)
+
+    gen(*PROMPT_WARMUP)
     load_before = os.getloadavg()[0]
-    g = timed_generate(llm, prompt_tokens(llm, spec["prompt"]), spec["gen"])
+    g = gen(spec["prompt"], spec["gen"])
     out = {"ttft_ms": g.ttft_s * 1e3, "tpot_ms": g.tpot_s * 1e3, "e2e_ms": g.e2e_s * 1e3, "load_s": load_s,
            "buffer_types": kinds, "tokens_sha": hashlib.sha256(json.dumps(g.tokens).encode()).hexdigest()[:16],
            "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -65,12 +75,12 @@ def _worker(spec_path: str) -> int:
     return 0
 
 
-def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, out: Path) -> dict[str, Path | None]:
+def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path) -> dict[str, Path | None]:
     """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure."""
     from oallama.planner.cost.profile import PLAIN
-    from oallama.planner.plan import Workload, build_context, make_plan
+    from oallama.planner.plan import build_context, make_plan
 
-    ctx = build_context(model, None, Workload(prompt=prompt, gen=gen), threads=threads, progress=True)
+    ctx = build_context(model, None, wl, threads=threads, progress=True)
     default = make_plan(ctx, "layers", None)
     opt = make_plan(ctx, "optimal", None)
     dual = make_plan(ctx, "optimal", None, host_budget=host_budget)
@@ -84,7 +94,7 @@ def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, o
             print(f"bench_layouts: {name} is the same placement as {seen[key]}", file=sys.stderr)
             continue
         seen[key] = name
-        path = out / "plans" / f"p{prompt}-g{gen}-{name}.json"
+        path = out / "plans" / f"{_tag(wl)}-{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         p.save(path)
         files[name] = None if name == "default" else path
@@ -92,10 +102,15 @@ def _plans(model: Path, prompt: int, gen: int, threads: int, host_budget: str, o
     return files
 
 
+def _tag(wl: Any) -> str:
+    """A workload's name in file names: p<prompt>-g<gen>[-np<parallel>]."""
+    return f"p{wl.prompt}-g{wl.gen}" + (f"-np{wl.parallel}" if wl.parallel > 1 else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", type=Path, nargs="?")
-    ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen pairs")
+    ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen[:parallel], comma-separated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
     ap.add_argument("--host-budget", default="200%", help="host memory for weights of the dual-layout plan")
@@ -108,28 +123,32 @@ def main() -> int:
         ap.error("the model is required")
 
     from oallama.planner.cost.profile import build_info
+    from oallama.planner.plan import Workload
 
     out: Path = args.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for wl in args.workloads.split(","):
-        prompt, gen = (int(x) for x in wl.split(":"))
-        plans = _plans(args.model, prompt, gen, args.threads, args.host_budget, out)
-        n_ctx = max(256, -(-(prompt + gen) // 256) * 256)
+        prompt, gen, *rest = (int(x) for x in wl.split(":"))
+        work = Workload(prompt=prompt, gen=gen, parallel=rest[0] if rest else 1)
+        plans = _plans(args.model, work, args.threads, args.host_budget, out)
+        n_ctx = work.n_ctx
         names = list(plans)
         for rep in range(args.reps):
             order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no placement always first
             for name in order:
-                res = out / "runs" / f"p{prompt}-g{gen}-{name}-r{rep}.json"
+                res = out / "runs" / f"{_tag(work)}-{name}-r{rep}.json"
                 spec = {"model": str(args.model), "plan": str(plans[name]) if plans[name] else None, "prompt": prompt,
-                        "gen": gen, "threads": args.threads, "n_ctx": n_ctx, "result": str(res)}
+                        "gen": gen, "parallel": work.parallel, "threads": args.threads, "n_ctx": n_ctx,
+                        "result": str(res)}
                 spec_path = res.with_suffix(".spec.json")
                 spec_path.write_text(json.dumps(spec))
-                print(f"bench_layouts: prompt {prompt} gen {gen} {name} round {rep + 1}/{args.reps} "
+                print(f"bench_layouts: {_tag(work)} {name} round {rep + 1}/{args.reps} "
                       f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
                 subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], check=True)
                 r = json.loads(res.read_text())
-                rows.append({"prompt": prompt, "gen": gen, "placement": name, "round": rep, **r})
+                rows.append({"prompt": prompt, "gen": gen, "parallel": work.parallel, "placement": name, "round": rep,
+                             **r})
     _write(out, rows, args, build_info())
     return 0
 
@@ -139,11 +158,15 @@ def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, buil
 
     commit = git_commit(short=True)
     summary: list[dict[str, Any]] = []
-    for (prompt, gen, name) in dict.fromkeys((r["prompt"], r["gen"], r["placement"]) for r in rows):
-        rs = [r for r in rows if (r["prompt"], r["gen"], r["placement"]) == (prompt, gen, name)]
-        plan_path = out / "plans" / f"p{prompt}-g{gen}-{name}.json"
+    def key(r: dict[str, Any]) -> tuple[int, int, int, str]:
+        return r["prompt"], r["gen"], r.get("parallel", 1), r["placement"]
+
+    for (prompt, gen, np_, name) in dict.fromkeys(key(r) for r in rows):
+        rs = [r for r in rows if key(r) == (prompt, gen, np_, name)]
+        tag = f"p{prompt}-g{gen}" + (f"-np{np_}" if np_ > 1 else "")
+        plan_path = out / "plans" / f"{tag}-{name}.json"
         pred = json.loads(plan_path.read_text())["predicted"] if plan_path.exists() else {}
-        s: dict[str, Any] = {"prompt": prompt, "gen": gen, "placement": name, "n": len(rs),
+        s: dict[str, Any] = {"prompt": prompt, "gen": gen, "parallel": np_, "placement": name, "n": len(rs),
                              "buffer_types": rs[0]["buffer_types"], "tokens_sha": sorted({r["tokens_sha"] for r in rs}),
                              "host_peak_mib": max(r["host_peak_bytes"] for r in rs) / 2**20,
                              "load_avg_max": max(r["load_avg_after"] for r in rs)}
@@ -166,21 +189,21 @@ def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, buil
           f"Commit {commit}, llama.cpp {build['llama_cpp_commit'][:9]}; median of {args.reps} fresh processes per "
           "placement, alternated, one discarded warm-up each; predicted = the plan's prediction "
           "(`plans/`, per-pass breakdown inside). Ratios are against llama.cpp's default in the same workload.", "",
-          "| prompt:gen | placement | layouts (weights) | TTFT ms (pred) | TPOT ms (pred) | e2e ms (pred) | "
+          "| prompt:gen:parallel | placement | layouts (weights) | TTFT ms (pred) | TPOT ms (pred) | e2e ms (pred) | "
           "TTFT x | TPOT x | e2e x | host peak MiB | load max |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        base = next(b for b in summary if (b["prompt"], b["gen"], b["placement"]) == (s["prompt"], s["gen"], "default"))
+        base = next(b for b in summary if key(b) == (*key(s)[:3], "default"))
         lay = ", ".join(f"{n} {k}" for k, n in sorted(s["buffer_types"].items()))
 
         def cell(k: str, s: dict[str, Any] = s) -> str:
             p = s["predicted_" + k]
             return f"{s[k]:.0f} ± {s[k.replace('_ms', '_stdev_ms')]:.0f} ({p:.0f})" if p else f"{s[k]:.0f}"
 
-        md.append(f"| {s['prompt']}:{s['gen']} | {s['placement']} | {lay} | {cell('ttft_ms')} | {cell('tpot_ms')} | "
+        md.append(f"| {s['prompt']}:{s['gen']}:{s['parallel']} | {s['placement']} | {lay} | {cell('ttft_ms')} | {cell('tpot_ms')} | "
                   f"{cell('e2e_ms')} | {base['ttft_ms'] / s['ttft_ms']:.2f} | {base['tpot_ms'] / s['tpot_ms']:.2f} | "
                   f"{base['e2e_ms'] / s['e2e_ms']:.2f} | {s['host_peak_mib']:.0f} | {s['load_avg_max']:.2f} |")
     md += ["", "x: llama.cpp's default time / this placement's (above 1: faster). Greedy tokens per placement "
-           "(hash): " + "; ".join(f"{s['prompt']}:{s['gen']} {s['placement']} {','.join(s['tokens_sha'])}"
+           "(hash): " + "; ".join(f"{s['prompt']}:{s['gen']}:{s['parallel']} {s['placement']} {','.join(s['tokens_sha'])}"
                                   for s in summary)]
     (out / "layouts.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

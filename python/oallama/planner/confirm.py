@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import cache_base, write_json
 from ..errors import OallamaError, PlanError
-from ..runtime import kvcache
 from ..runtime.planfile import ConfirmOptions
 
 if TYPE_CHECKING:
@@ -296,19 +295,22 @@ class _Runner:
         return llm
 
     def run(self, llm: Any) -> dict[str, float]:
-        from ..runtime.generate import prompt_tokens, timed_generate
+        from ..runtime.generate import prompt_tokens, timed_generate, timed_parallel
 
         wl = self.ctx.workload
         if self.prompt is None:
             self.prompt = prompt_tokens(llm, wl.prompt)
-        g = timed_generate(llm, self.prompt, self.steps + 1)
+        g = (timed_parallel(llm, self.prompt, wl.parallel, self.steps + 1) if wl.parallel > 1
+             else timed_generate(llm, self.prompt, self.steps + 1))
         ttft, tpot = g.ttft_s * 1e3, g.tpot_s * 1e3
-        obj = {"ttft": ttft, "tpot": tpot}.get(wl.objective, ttft + (wl.gen - 1) * tpot)
-        return {"ttft_ms": ttft, "tpot_ms": tpot, "objective_ms": obj}
+        obj = {"ttft": ttft, "tpot": tpot}.get(wl.objective, wl.parallel * ttft + (wl.gen - 1) * tpot)
+        seqs = len(g.tokens) if wl.parallel > 1 else 1  # sequences generated
+        return {"ttft_ms": ttft, "tpot_ms": tpot, "objective_ms": obj, "sequences": float(seqs)}
 
     def predicted_run_s(self, c: Candidate) -> float:
         pred = c.plan.predicted
-        return PREDICTION_SLACK * (float(pred["ttft_ms"]) + self.steps * float(pred["tpot_ms"])) / 1e3
+        return PREDICTION_SLACK * (self.ctx.workload.parallel * float(pred["ttft_ms"])
+                                   + self.steps * float(pred["tpot_ms"])) / 1e3
 
     def load_s(self) -> float:
         """A load's time (s): the longest measured so far, before any LOAD_S + the weights at LOAD_BYTES_PER_S."""
@@ -322,8 +324,9 @@ def _last_run_s(c: Candidate, runner: _Runner) -> float:
     done = [r for r in c.runs if r is not None] or ([c.warmup] if c.warmup is not None else [])
     if not done:
         return runner.predicted_run_s(c)
-    r = max(done, key=lambda r: r["ttft_ms"] + runner.steps * r["tpot_ms"])
-    return (r["ttft_ms"] + runner.steps * r["tpot_ms"]) / 1e3
+    n = runner.ctx.workload.parallel  # prompts
+    r = max(done, key=lambda r: n * r["ttft_ms"] + runner.steps * r["tpot_ms"])
+    return (n * r["ttft_ms"] + runner.steps * r["tpot_ms"]) / 1e3
 
 
 def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, load: Mapping[str, Any],
@@ -464,7 +467,7 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
     st = ctx.profile.settings
     load = {"n_ctx": ctx.workload.n_ctx, "n_batch": ctx.workload.n_ubatch, "n_ubatch": ctx.workload.n_ubatch,
             "n_threads": st.threads, "n_threads_batch": st.threads, "use_mmap": st.mmap, "op_offload": st.op_offload,
-            **kvcache.llama_kwargs(**ctx.attention()), "seed": 1234, "verbose": False, **(load or {})}
+            **ctx.llama_kwargs(), "seed": 1234, "verbose": False, **(load or {})}
     steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
 
     def finish(chosen: Candidate, reason: str, rounds: int, mode: str,

@@ -65,22 +65,37 @@ def parse_budget(value: str | int, model_weight_bytes: int) -> int:
                       "the model's weights ('50%')")
 
 
+def _pad256(n: float) -> int:
+    return -(-round(n) // 256) * 256
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What the plan is optimised for: one prompt of `prompt` tokens, then `gen` tokens (its
-    fields are also the workload flags of `oallama plan`)."""
+    """What the plan is optimised for: `parallel` sequences (llama-server's slots), each a prompt
+    of `prompt` tokens and then `gen` generated tokens, decoded together (its fields are also the
+    workload flags of `oallama plan`).
 
-    prompt: int = option(512, help="prompt tokens of the workload")
-    gen: int = option(128, help="generated tokens of the workload")
+    The prompts run one sequence at a time, in ubatches of n_ubatch tokens; then each decode pass
+    carries one token of every sequence (`decode` tokens). With several sequences each has a KV
+    stream of its own, n_ctx / parallel cells, as llama-server keeps them when given -np
+    (kv_unified off). TTFT is one sequence's prompt, TPOT one decode pass, and e2e the whole
+    workload: every prompt, then gen - 1 decode passes."""
+
+    prompt: int = option(512, help="prompt tokens of the workload (of each sequence)")
+    gen: int = option(128, help="generated tokens of the workload (of each sequence)")
     objective: str = option("e2e", choices=OBJECTIVES, help="predicted time to minimise")
     n_ubatch: int = option(512, flag="--ubatch", help="llama.cpp's n_ubatch (tokens per graph)")
-    context: int | None = option(None, flag="--ctx", help="context size the model is loaded with (llama.cpp's n_ctx, tokens)",
-                          default_help="prompt + gen rounded up to 256")
+    context: int | None = option(None, flag="--ctx", help="context size the model is loaded with (llama.cpp's n_ctx, "
+                                 "tokens, all sequences together)",
+                                 default_help="parallel x (prompt + gen rounded up to 256)")
     flash_attn: str = option("off", choices=kvcache.FLASH_ATTN, help="flash attention, as llama.cpp's -fa (auto: on "
                              "where llama.cpp would turn it on for every layer on each device; the plan pins the result)")
     cache_type_k: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's K type (llama.cpp's -ctk)")
     cache_type_v: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's V type (llama.cpp's -ctv; "
                                "a quantized one needs flash attention)")
+    parallel: int = option(1, short="-np", help="sequences decoded together (llama.cpp's -np, llama-server's slots): "
+                           "each has its own prompt, generation and KV stream of n_ctx / parallel cells",
+                           minimum=1)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -88,65 +103,98 @@ class Workload:
         if self.prompt < 1 or self.gen < 1 or self.n_ubatch < 1:
             raise PlanError(f"workload needs prompt, gen and n_ubatch >= 1 (got {self.prompt}, {self.gen}, "
                             f"{self.n_ubatch})")
+        if not 1 <= self.parallel <= kvcache.MAX_SEQ:
+            raise PlanError(f"--parallel {self.parallel}: llama.cpp holds 1 to {kvcache.MAX_SEQ} sequences")
+        if self.n_ubatch < self.parallel:  # llama.cpp reserves a pass of one token of every sequence
+            raise PlanError(f"--ubatch {self.n_ubatch}: a decode pass of {self.parallel} sequences needs at least "
+                            f"{self.parallel} tokens")
         kvcache.check(self.flash_attn, self.cache_type_k, self.cache_type_v)
-        if self.context is not None and self.context < self.prompt + self.gen:
+        if self.context is not None and self.n_ctx_seq < self.prompt + self.gen:
+            each = f" in each of {self.parallel} sequences ({self.n_ctx_seq} cells each)" if self.parallel > 1 else ""
             raise PlanError(f"--ctx {self.context}: the workload's prompt and generation need {self.prompt + self.gen} "
-                            "tokens of context")
+                            f"tokens of context{each}")
 
     def ubatches(self) -> list[int]:
-        """Token counts of the prompt's ubatches (llama.cpp splits a prompt by n_ubatch)."""
+        """Token counts of one prompt's ubatches (llama.cpp splits a prompt by n_ubatch)."""
         full, rest = divmod(self.prompt, self.n_ubatch)
         return [self.n_ubatch] * full + ([rest] if rest else [])
 
     @property
+    def decode(self) -> int:
+        """Tokens of a decode pass: one of each sequence."""
+        return self.parallel
+
+    @property
     def n_ctx(self) -> int:
-        """The context size (tokens): `context`, or prompt + gen rounded up to 256 (at least 256)."""
-        return self.context or max(256, -(-(self.prompt + self.gen) // 256) * 256)
+        """The context size (tokens, every sequence's cells) as llama.cpp sizes it: `context` (or
+        parallel x (prompt + gen), each rounded up to 256) padded to 256, then each sequence's
+        stream padded to 256 and n_ctx their sum."""
+        given = self.context or self.parallel * max(256, _pad256(self.prompt + self.gen))
+        return _pad256(_pad256(given) // self.parallel) * self.parallel
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """The cells of one sequence's KV stream."""
+        return self.n_ctx // self.parallel
 
     def passes(self) -> list[tuple[int, int]]:
-        """Every pass of the workload as (n_tokens, cells before it): the prompt's ubatches, then a
-        1-token pass per generated token but the first (which the prompt's last pass gives)."""
+        """The passes of one sequence as (n_tokens, cells of its stream before it): its prompt's
+        ubatches, then a decode pass (`decode` tokens, one of each sequence at the same length)
+        per generated token but the first (which the prompt's last pass gives)."""
         out, pos = [], 0
         for n in self.ubatches():
             out.append((n, pos))
             pos += n
-        return out + [(1, p) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1))]
+        return out + [(self.decode, p) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1))]
+
+    def _per_seq(self, n: int) -> int:
+        """Tokens of one sequence in a pass of n tokens (a decode pass: 1)."""
+        return 1 if n == self.decode and self.parallel > 1 else n
 
     def _mean_by_size(self, value: Callable[[int, int], float]) -> dict[int, float]:
-        """n_tokens -> the mean of value(n_tokens, cells before) over the passes of that size."""
+        """n_tokens -> the mean of value(tokens of one sequence, cells before) over the passes of
+        that size."""
         seen: dict[int, list[float]] = {}
         for n, pos in self.passes():
-            seen.setdefault(n, []).append(value(n, pos))
+            seen.setdefault(n, []).append(value(self._per_seq(n), pos))
         return {n: sum(v) / len(v) for n, v in seen.items()}
 
     def pass_kv(self) -> dict[int, int]:
-        """n_tokens -> the KV length its passes attend over (tokens). llama.cpp pads the KV view
-        to 256 cells: n_kv = min(n_ctx, max(256, pad256(cells used))). Passes of one size at
-        several lengths get their mean, padded (attention is linear in it)."""
+        """n_tokens -> the KV length its passes attend over (tokens of one stream). llama.cpp pads
+        the KV view to 256 cells: n_kv = min(n_ctx_seq, max(256, pad256(cells used))). Passes of
+        one size at several lengths get their mean, padded (attention is linear in it)."""
         def pad(used: float) -> int:
-            return min(self.n_ctx, max(256, -(-round(used) // 256) * 256))
+            return min(self.n_ctx_seq, max(256, _pad256(used)))
 
         return {n: pad(v) for n, v in self._mean_by_size(lambda n, pos: pad(pos + n)).items()}
 
     def pass_attended(self) -> dict[int, float]:
         """n_tokens -> the KV cells a token of that pass attends to (mean over its tokens and its
-        passes; flash attention's work, calfit.work): a pass of n tokens after pos cells,
+        passes; flash attention's work, calfit.work): n tokens of a sequence after pos cells,
         pos + (n + 1) / 2."""
         return self._mean_by_size(lambda n, pos: pos + (n + 1) / 2)
+
+    def pass_seqs(self, n_tokens: int) -> int:
+        """Sequences a pass of n_tokens carries (llama.cpp's n_seqs of its ubatch)."""
+        return n_tokens // self._per_seq(n_tokens)
 
     def pass_weights(self, objective: str | None = None) -> dict[int, float]:
         """n_tokens -> how often that pass counts in the objective."""
         obj = objective or self.objective
         prefill: dict[int, float] = {}
         for n in self.ubatches():
-            prefill[n] = prefill.get(n, 0.0) + 1.0
+            prefill[n] = prefill.get(n, 0.0) + (1.0 if obj == "ttft" else float(self.parallel))
         if obj == "ttft":
             return prefill
         if obj == "tpot":
-            return {1: 1.0}
+            return {self.decode: 1.0}
         out = dict(prefill)
-        out[1] = out.get(1, 0.0) + float(self.gen - 1)
+        out[self.decode] = out.get(self.decode, 0.0) + float(self.gen - 1)
         return out
+
+    def sequences(self) -> dict[str, Any]:
+        """llama.cpp's context parameters for the sequences (n_seq_max, kv_unified)."""
+        return {"n_seq_max": self.parallel, "kv_unified": False}
 
 
 @dataclass
@@ -172,9 +220,10 @@ class PlanContext:
 
     def predict(self, p: Placement) -> dict[str, Any]:
         costs = {n: pm.cost(p) for n, pm in self.passes.items()}
-        ttft = sum(costs[n].total_us for n in self.workload.ubatches())
-        tpot = costs[1].total_us
-        out = {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (ttft + (self.workload.gen - 1) * tpot) / 1e3,
+        w = self.workload
+        ttft = sum(costs[n].total_us for n in w.ubatches())  # one sequence's prompt
+        tpot = costs[w.decode].total_us
+        out = {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (w.parallel * ttft + (w.gen - 1) * tpot) / 1e3,
                "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
                                    "copy_ms": c.copy_us / 1e3, "stream_ms": c.stream_us / 1e3,
                                    "launch_ms": c.launch_us / 1e3, "overhead_ms": c.overhead_us / 1e3,
@@ -198,7 +247,11 @@ class PlanContext:
     def session_kwargs(self) -> dict[str, Any]:
         """GraphSession's keywords for a metadata-only load of this context (without the placement)."""
         return {"n_ctx": self.workload.n_ctx, "n_ubatch": self.workload.n_ubatch,
-                "op_offload": bool(self.settings["op_offload"]), **self.attention()}
+                "op_offload": bool(self.settings["op_offload"]), **self.attention(), **self.workload.sequences()}
+
+    def llama_kwargs(self) -> dict[str, Any]:
+        """oallama.Llama's keywords for the plan's settings (attention, sequences)."""
+        return {**kvcache.llama_kwargs(**self.attention()), **self.workload.sequences()}
 
     def acc_bytes(self, p: Placement) -> int:
         """Weights + KV the placement puts on the accelerator (bytes, without compute buffers)."""
@@ -231,30 +284,44 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         raise PlanError(f"device {acc} is host memory; name an accelerator (a GPU or an rpc-server device)")
     acc_name = dev.name if dev is not None else None
     n_layer = int(model.hparam("block_count", 0))
-    sizes = sorted(set(workload.ubatches()) | {1})
+    # 1: the one-token pass that the calibration's link terms are read on (`split_cost`, `stream_link`)
+    sizes = sorted(set(workload.ubatches()) | {1, workload.decode})
     attention = {"flash_attn": resolve_flash_attn(path, acc_name, workload, n_layer),
                  "type_k": workload.cache_type_k, "type_v": workload.cache_type_v}
     if progress and workload.flash_attn == "auto":
         log(f"flash attention auto: {'on' if attention['flash_attn'] else 'off'} (as llama.cpp resolves it "
             f"with every layer on {' and on '.join(['the host', *([acc_name] if acc_name else [])])})")
     kw = {"devices": [acc_name] if acc_name else [], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes),
-          "op_offload": op_offload, **attention}
+          "op_offload": op_offload, **attention, **workload.sequences()}
     if progress:
         log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
-    # each pass's graph at the KV length it runs at (attention's cost grows with it); memory
-    # is counted on the workload's whole context (graphs[1]'s cache leafs are per layer)
-    kv_len = workload.pass_kv()
+    # each pass's graph at the KV length it runs at (attention's cost grows with it; with several
+    # sequences, the length of each one's stream)
+    kv_len, attended = workload.pass_kv(), workload.pass_attended()
+    kv_len.setdefault(1, kv_len[workload.decode])
+    attended.setdefault(1, attended[workload.decode])
     base: dict[tuple[int, int], Graph] = {}  # (n_tokens, n_kv) -> graph, all weights on the host
     offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
     kept: set[str] = set()  # weights every layer offloaded would put on the accelerator, which its loader keeps
-    for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx}):
-        want = [n for n in sizes if kv_len[n] == n_kv or (n == 1 and n_kv == workload.n_ctx)]
+
+    def build(n_kv: int, want: list[int], seqs: int) -> None:
+        """Graphs of `want` token counts over KV streams of n_kv cells, in a context of `seqs`
+        sequences (a one-sequence pass in its own: llama.cpp reserves a graph over every stream)."""
+        nonlocal kept
         for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)) if acc_name else ((0, base),):
-            with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv, "n_ubatch": max(want)}) as s:
-                out.update({(n, n_kv): s.graph(n) for n in want})
+            with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv * seqs, "n_seq_max": seqs,
+                                                                  "n_ubatch": max(*want, seqs)}) as s:
+                out.update({(n, n_kv): s.graph(n, seqs, seqs) for n in want})
                 if n_gpu_layers:
                     kept |= loader_kept(s, acc_name, n_layer)
-    g_mem = base[(1, workload.n_ctx)]
+
+    # memory is counted on the decode pass's graph over every sequence's whole stream (its cache
+    # leafs are per layer, every stream's cells)
+    for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx_seq}):
+        want = [n for n in sizes if kv_len[n] == n_kv or (n == workload.decode and n_kv == workload.n_ctx_seq)]
+        for seqs in sorted({workload.pass_seqs(n) for n in want}):
+            build(n_kv, [n for n in want if workload.pass_seqs(n) == seqs], seqs)
+    g_mem = base[(workload.decode, workload.n_ctx_seq)]
     graphs = {n: base[(n, kv_len[n])] for n in sizes}
     full = {n: offl[(n, kv_len[n])] for n in sizes} if acc_name else {n: None for n in sizes}
     if profile is None:
@@ -268,14 +335,13 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
                                      acc_name, progress=progress)
         if timed and progress:
             log(f"timed {timed} op shape(s) on {acc_name} at pass sizes the profile lacked (kept in it)")
-    attended = workload.pass_attended()
     layers = attention_layers(path) if attention["flash_attn"] else None  # its window layers' flash attention
     passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n],
                            attended=attended[n], attention=layers) for n in sizes}
     for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)
         pm.acc_ok.update({w: False for w in kept if w in pm.acc_ok})
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch, **attention,
-                "pass_kv": {str(n): kv_len[n] for n in sizes}}
+                **workload.sequences(), "pass_kv": {str(n): kv_len[n] for n in sizes}}
     cal = profile.calibration if acc_name else None
     # first the splits' cost (the streamed pass's many splits pay it too), then the streamed link
     carried = cal.links.get(acc_name, {}) if cal is not None else {}  # a device model's, already derived
@@ -318,8 +384,12 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
     (`build_context`), measured with `attention` (flash attention resolved, the KV cache's types).
     A shape-only file is never run: only the device model can cost it."""
     devices = [HOST, acc] if acc else [HOST]
-    kw: dict[str, Any] = {"threads": threads, "n_tokens": DEFAULT_TOKENS, "n_ctx": workload.n_ctx,
-                          "op_offload": op_offload, "progress": progress, **attention}
+    # the workload's decode pass of several sequences: timed one-op and in the real graph (the
+    # device model has the one-op column counts of its reference, and none of a workload's)
+    kw: dict[str, Any] = {"threads": threads, "n_tokens": tuple(sorted({*DEFAULT_TOKENS, workload.decode})),
+                          "n_ctx": workload.n_ctx, "op_offload": op_offload, "progress": progress, **attention}
+    if not model.shape_only and calibration != "device":
+        kw["decode_tokens"] = workload.decode
     settings = default_settings(threads, op_offload=op_offload, **attention)
     if model.shape_only and calibration == "model":
         raise PlanError(f"{path}: a shape-only file (zero weights) cannot be calibrated by running it; "

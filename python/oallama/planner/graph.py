@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -172,7 +172,9 @@ def target_ops(graph: Graph) -> list[TargetOp]:
 class GraphSession:
     """A metadata-only load of a model (weights are never read) and a context, for graphs.
     flash_attn: on/off (a bool) or llama.cpp's "auto"; type_k / type_v: the KV cache's types;
-    swa_full: a sliding-window layer's cache holds the whole context (llama-cpp-python's default).
+    swa_full: a sliding-window layer's cache holds the whole context (llama-cpp-python's default);
+    n_seq_max / kv_unified: parallel sequences, each with a KV stream of n_ctx / n_seq_max cells
+    unless kv_unified.
 
     devices / overrides place weights exactly as a real load would (overrides: (regex, device)),
     so the scheduler's assignment in `graph()` is the one a real run would get.
@@ -182,7 +184,7 @@ class GraphSession:
                  overrides: Sequence[tuple[str, str]] = (), n_ctx: int = 4096, n_ubatch: int = 512,
                  n_threads: int = 4, flash_attn: bool | str = False, op_offload: bool = True,
                  offload_policy: dict[str, int] | None = None, n_gpu_layers: int = 0, type_k: str = "f16",
-                 type_v: str = "f16", swa_full: bool = True) -> None:
+                 type_v: str = "f16", swa_full: bool = True, n_seq_max: int = 1, kv_unified: bool = False) -> None:
         from ..runtime import devices as devmod
         from ..runtime import kvcache
 
@@ -193,7 +195,7 @@ class GraphSession:
             self._s = _core.Session(str(path), list(devices) if devices is not None else None,
                                     list(overrides), n_gpu_layers, n_ctx, max(n_ubatch, 1), n_ubatch, n_threads,
                                     kvcache.flash_attn_code(flash_attn) if isinstance(flash_attn, str) else int(flash_attn),
-                                    op_offload, False, type_k, type_v, swa_full)
+                                    op_offload, False, type_k, type_v, swa_full, n_seq_max, kv_unified)
         except RuntimeError as e:
             raise ModelFileError(str(e)) from None
         if offload_policy:
@@ -203,8 +205,13 @@ class GraphSession:
                 self._s.close()
                 raise PlanError(str(e)) from None
 
-    def graph(self, n_tokens: int, n_outputs: int = 1) -> Graph:
-        return Graph(n_tokens, _core.graph(self._s.context(), n_tokens, n_outputs))
+    def graph(self, n_tokens: int, n_outputs: int = 1, n_seqs: int = 1) -> Graph:
+        """The graph of a ubatch of n_tokens (n_seqs sequences of n_tokens / n_seqs tokens each)
+        with n_outputs rows of logits."""
+        try:
+            return Graph(n_tokens, _core.graph(self._s.context(), n_tokens, n_outputs, n_seqs))
+        except RuntimeError as e:
+            raise PlanError(f"{self.model.path}: {e}") from None
 
     def memory(self) -> list[_core.MemoryUse]:
         """llama.cpp's memory breakdown per buffer type: model / context (KV) / compute bytes."""
@@ -274,13 +281,17 @@ def attention_layers(path: str | Path) -> AttentionLayers:
 
 
 def inventory(path: str | Path, n_tokens: Sequence[int] = (1, 512), *, n_ctx: int = 4096,
-              accelerators: Sequence[str] = (), **session_kw: Any) -> Inventory:
+              accelerators: Sequence[str] = (), outputs: Mapping[int, int] | None = None,
+              **session_kw: Any) -> Inventory:
     """Build the graphs at each token count and classify their target ops. By default the
-    model is placed on the CPU alone; the op inventory does not depend on placement."""
+    model is placed on the CPU alone; the op inventory does not depend on placement. outputs:
+    token count -> rows of logits its graph computes (default 1: a decode pass of several
+    sequences computes one each, so its output matmul has that many columns)."""
     n_ubatch = max(n_tokens)
+    outs = outputs or {}
     with GraphSession(path, devices=list(accelerators), n_ctx=max(n_ctx, n_ubatch), n_ubatch=n_ubatch,
-                      **session_kw) as s:
-        return Inventory(s.model, {n: s.graph(n) for n in n_tokens})
+                      n_seq_max=max([1, *outs.values()]), kv_unified=True, **session_kw) as s:
+        return Inventory(s.model, {n: s.graph(n, outs.get(n, 1)) for n in n_tokens})
 
 
 # --- CLI ------------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ class Plan:
         runs its own: flash attention `auto`, `--fit on` (which rewrites the context size and the
         placement to fill device memory), 4 slots, 2048/512-token batches, its thread count, none of
         which the plan costed. Flash attention as the plan resolved it (an `auto` workload's result),
-        the KV cache's types, and one sequence, as the runtime loads a plan."""
+        the KV cache's types, and the workload's sequences: `-np N` slots, each with a KV stream of
+        its own (`--no-kv-unified`, llama-server's default for a given -np, said)."""
         s = self.settings
         args: list[str] = []
         if s.get("n_ctx"):
@@ -171,7 +172,10 @@ class Plan:
         # --swa-full: a sliding-window layer's cache holds the whole context, as llama-cpp-python's
         # default (and so the plan's bytes) has it; llama-server's own keeps the window only
         args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", str(s.get("type_k", "f16")),
-                 "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", "1", "--fit", "off"]
+                 "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", str(s.get("n_seq_max", 1))]
+        if int(s.get("n_seq_max", 1)) > 1:
+            args.append("--no-kv-unified")
+        args += ["--fit", "off"]
         if s.get("threads"):
             args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
         if s.get("op_offload") is False and not self.streams_nothing():  # else emit_args says it
@@ -514,7 +518,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         where = "CPU only" if cpu_only else f"budget {parse_budget(o.gpu_budget, ctx.model.weight_bytes) / 2**20:.1f} " \
                                             f"MiB on {acc}"
         print(f"{ctx.model.path.name}: {ctx.model.weight_bytes / 2**20:.1f} MiB of weights, {ctx.n_layer} layers; "
-              f"{where}; workload prompt {wl.prompt}, gen {wl.gen}, objective {wl.objective}; "
+              f"{where}; workload prompt {wl.prompt}, gen {wl.gen}"
+              f"{f' in each of {wl.parallel} sequences' if wl.parallel > 1 else ''}, objective {wl.objective}; "
               f"threads {ctx.settings['threads']}")
         print(f"\nplan '{chosen.strategy}':")
         print(layer_table(ctx, chosen))
@@ -531,7 +536,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 rows.insert(1, ("all plain", chosen.memory["total"], ctx.predict(plain), 0.0, "--no-repack"))
         for name, mem, pred, secs, lay in rows:
             print(f"{name:<10} {mem / 2**20:>10.1f} {pred['ttft_ms']:>10.2f} {pred['tpot_ms']:>10.2f} "
-                  f"{pred['e2e_ms']:>10.2f} {pred['passes']['1']['splits']:>7} {secs:>7.2f}  {lay}")
+                  f"{pred['e2e_ms']:>10.2f} {pred['passes'][str(wl.decode)]['splits']:>7} {secs:>7.2f}  {lay}")
         lay_choice = chosen.extra.get("layout_choice", {})
         if lay_choice.get("dual_extra_bytes"):
             print(f"dual layouts: {lay_choice['dual_extra_bytes'] / 2**20:.1f} MiB more host memory "

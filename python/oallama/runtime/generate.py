@@ -77,6 +77,93 @@ def timed_generate(llm: Any, prompt: str | Sequence[int], n_gen: int, *, tempera
     return Generation(len(tokens), out, text, times[0] if times else float("nan"), times)
 
 
+@dataclass
+class ParallelGeneration:
+    """`timed_parallel`'s result: each sequence's greedy tokens and the passes' times."""
+
+    prompt_tokens: int
+    tokens: list[list[int]]  # per sequence
+    prompt_s: list[float]  # seconds, each sequence's prompt in -> its first token out
+    pass_s: list[float]  # seconds, each decode pass (one token of every sequence)
+
+    @property
+    def ttft_s(self) -> float:
+        """One sequence's prompt: the median over the sequences."""
+        return statistics.median(self.prompt_s)
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean seconds per decode pass (nan without one)."""
+        return statistics.fmean(self.pass_s) if self.pass_s else float("nan")
+
+    @property
+    def e2e_s(self) -> float:
+        return sum(self.prompt_s) + sum(self.pass_s)
+
+
+def timed_parallel(llm: Any, prompt: Sequence[int], n_seqs: int, n_gen: int) -> ParallelGeneration:
+    """Greedy generation of n_gen tokens in each of n_seqs sequences of one prompt, decoded
+    together as llama-server's slots are: each sequence's prompt in ubatches of n_batch tokens
+    (one after another), then n_gen - 1 passes of one token of every sequence. The context
+    must hold n_seqs sequences (oallama.Llama's n_seq_max)."""
+    import llama_cpp
+    import numpy as np
+
+    ctx = llm.ctx
+    if n_seqs > llama_cpp.llama_n_seq_max(ctx):
+        raise PlacementError(f"{n_seqs} sequences: the context holds {llama_cpp.llama_n_seq_max(ctx)} "
+                             "(load with n_seq_max=)")
+    tokens = list(prompt)
+    if len(tokens) + n_gen > llama_cpp.llama_n_ctx_seq(ctx):
+        raise PlacementError(f"a {len(tokens)}-token prompt and {n_gen} tokens exceed a sequence's "
+                             f"{llama_cpp.llama_n_ctx_seq(ctx)} cells")
+    llm.reset()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    n_vocab = llm.n_vocab()
+    n_batch = max(llm.n_batch, n_seqs)
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+
+    def run(items: Sequence[tuple[int, int, int, bool]]) -> None:  # (token, pos, seq, logits)
+        batch.n_tokens = len(items)
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, logits
+            batch.seq_id[i][0] = seq
+        llm._ctx.decode(_Batch(batch))  # through llama_cpp's context: oallama's rpc failure check sees it
+
+    def greedy(i: int) -> int:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+        return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+
+    try:
+        out: list[list[int]] = []
+        prompt_s: list[float] = []
+        for seq in range(n_seqs):
+            t0 = time.perf_counter()
+            for a in range(0, len(tokens), n_batch):
+                chunk = tokens[a:a + n_batch]
+                run([(t, a + i, seq, a + i == len(tokens) - 1) for i, t in enumerate(chunk)])
+            out.append([greedy(-1)])
+            prompt_s.append(time.perf_counter() - t0)
+        pass_s: list[float] = []
+        for step in range(n_gen - 1):
+            t0 = time.perf_counter()
+            run([(out[seq][-1], len(tokens) + step, seq, True) for seq in range(n_seqs)])
+            for seq in range(n_seqs):
+                out[seq].append(greedy(seq))
+            pass_s.append(time.perf_counter() - t0)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    return ParallelGeneration(len(tokens), out, prompt_s, pass_s)
+
+
+@dataclass
+class _Batch:
+    """What llama_cpp's LlamaContext.decode reads of a LlamaBatch."""
+
+    batch: Any
+
+
 # --- placement summaries --------------------------------------------------------------------
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight|\.bias)?$")

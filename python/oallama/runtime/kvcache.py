@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType
 from ..errors import PlanError
 
 FLASH_ATTN = ("off", "on", "auto")
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequences a context holds (-np)
 # the cache types llama.cpp's -ctk / -ctv accept (common/arg.cpp's kv_cache_types)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 _PLAIN = ("f32", "f16", "bf16")
@@ -61,10 +62,12 @@ def cache_type_name(type_id: int) -> str:
     return name
 
 
-def workload_fields(kwargs: Mapping[str, Any]) -> dict[str, str]:
-    """A workload's attention fields (flash_attn, cache_type_k, cache_type_v) from llama_cpp.Llama's
-    keywords, for those given."""
-    out: dict[str, str] = {}
+def workload_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A workload's attention fields (flash_attn, cache_type_k, cache_type_v) and sequences
+    (parallel: oallama.Llama's n_seq_max) from Llama's keywords, for those given."""
+    out: dict[str, Any] = {}
+    if kwargs.get("n_seq_max") is not None:
+        out["parallel"] = kwargs["n_seq_max"]
     if kwargs.get("flash_attn") is not None:
         out["flash_attn"] = "on" if kwargs["flash_attn"] else "off"
     for k in ("k", "v"):

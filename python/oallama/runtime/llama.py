@@ -35,8 +35,9 @@ Every constructor argument and method of `llama_cpp.Llama` works unchanged. New 
     'CUDA0'
 
 Weights the placement does not name follow `place.DEFAULT_RULE`. Without logits_all, embedding or a
-draft model, the context reserves one row of logits per ubatch (`outputs_reserved`), as llama-server
-and oallama's plans do, not llama.cpp's default of one per token.
+draft model, the context reserves one row of logits per sequence (`outputs_reserved`), as llama-server
+and oallama's plans do, not llama.cpp's default of one per token. n_seq_max= / kv_unified= set
+llama.cpp's sequences (a plan for -np N sets them: a KV stream of n_ctx / N cells per sequence).
 """
 
 from __future__ import annotations
@@ -138,16 +139,17 @@ class _LoadProgress:
 
 
 @contextlib.contextmanager
-def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None, n_outputs_max: int = 0) -> Iterator[None]:
+def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None,
+                       context: Mapping[str, Any] | None = None) -> Iterator[None]:
     """Have llama_cpp.Llama.__init__ build its llama_model_params with our fields set, and its
-    llama_context_params with `n_outputs_max` (0: llama.cpp's default, n_batch).
+    llama_context_params with the fields of `context` (n_outputs_max, n_seq_max, kv_unified).
 
     Llama.__init__ starts from llama_model_default_params() and llama_context_default_params() and
-    never touches `devices`, `tensor_buft_overrides`, the progress callback or `n_outputs_max`;
-    wrapping those calls is the least intrusive way in.
+    never touches `devices`, `tensor_buft_overrides`, the progress callback, `n_outputs_max` or
+    (without embedding) the sequences; wrapping those calls is the least intrusive way in.
     """
     active = [h for h in hooks if h is not None]
-    if not active and not n_outputs_max:
+    if not active and not context:
         yield
         return
     with _params_hook_lock:
@@ -161,16 +163,35 @@ def _model_params_hook(*hooks: _NativeLoadParams | _LoadProgress | None, n_outpu
 
         def patched_ctx() -> _C.llama_context_params:
             params = original_ctx()
-            params.n_outputs_max = params.n_outputs_max_per_seq = n_outputs_max
+            for k, v in (context or {}).items():
+                setattr(params, k, v)
             return params
 
         _C.llama_model_default_params = patched
-        if n_outputs_max:
+        if context:
             _C.llama_context_default_params = patched_ctx
         try:
             yield
         finally:
             _C.llama_model_default_params, _C.llama_context_default_params = original, original_ctx
+
+
+def context_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The llama_context_params fields oallama sets that llama_cpp.Llama takes no keyword for:
+    n_outputs_max (`outputs_reserved`), and n_seq_max / kv_unified, popped from kwargs (a plan for
+    several sequences: one KV stream of n_ctx / n_seq_max cells each; llama_cpp's own generation
+    uses the first)."""
+    out: dict[str, Any] = {}
+    n_seq_max, unified = kwargs.pop("n_seq_max", None), kwargs.pop("kv_unified", None)
+    if n_seq_max is not None:
+        if not isinstance(n_seq_max, int) or isinstance(n_seq_max, bool) or not 1 <= n_seq_max <= kvcache.MAX_SEQ:
+            raise PlanError(f"n_seq_max={n_seq_max!r}: llama.cpp holds 1 to {kvcache.MAX_SEQ} sequences")
+        out["n_seq_max"] = n_seq_max
+    if unified is not None:
+        out["kv_unified"] = bool(unified)
+    if n := outputs_reserved(kwargs):  # per sequence, as llama-server reserves one per slot
+        out["n_outputs_max"], out["n_outputs_max_per_seq"] = n * (n_seq_max or 1), n
+    return out
 
 
 def outputs_reserved(kwargs: Mapping[str, Any]) -> int:
@@ -359,7 +380,7 @@ class Llama(llama_cpp.Llama):
             if self.load_spec.dual_max_batch > 0:
                 _core.cpu_set_dual_max_batch(self.load_spec.dual_max_batch)  # process-wide (patch 0006)
         progress = _LoadProgress(load_progress) if load_progress is not None else None
-        with _model_params_hook(self._native_load_params, progress, n_outputs_max=outputs_reserved(kwargs)):
+        with _model_params_hook(self._native_load_params, progress, context=context_fields(kwargs)):
             try:
                 super().__init__(model_path, *args, **kwargs)
             except jinja2.TemplateError as e:  # llama_cpp compiles the GGUF's chat templates

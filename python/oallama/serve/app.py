@@ -161,7 +161,8 @@ def _bound(module: types.ModuleType, name: str, value: Any) -> Iterator[None]:
 
 
 # ModelSettings' defaults that would overrule a plan's own (n_gpu_layers 0, flash attention off, the
-# KV cache's types): passed on only where the user gave them
+# KV cache's types): passed on only where the user gave them (the plan's sequences, n_seq_max and
+# kv_unified, are not ModelSettings': llama_cpp.server never passes them)
 _PLAN_SETTINGS = ("n_gpu_layers", "flash_attn", "type_k", "type_v")
 
 

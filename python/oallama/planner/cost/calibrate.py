@@ -82,6 +82,7 @@ from .calfit import Calibration, fit, line, work
 from .realpass import (
     VIEW_OPS,
     Run,
+    decode_load_kwargs,
     layers_that_fit,
     measure_layouts,
     measure_scatter,
@@ -159,23 +160,27 @@ class _Load:
             return rest[:n]
         return [rest[k % len(rest)]]
 
-    def measure(self, n: int, n_past: int) -> None:
+    def measure(self, n: int, n_past: int, outputs: int = 1) -> None:
+        """Time passes of n tokens after n_past (outputs: rows of logits, a decode pass of that
+        many sequences)."""
         llm, toks = self.llm, self.tokens
         prefix = toks[:n_past]
         with _core.NodeTimer(llm.native_context) as timer:
-            timed_eval(llm, timer, prefix, self.batch(n, n_past, 0), [])  # warm-up (graph build, allocation)
-            runs = [timed_eval(llm, timer, prefix, self.batch(n, n_past, k), []) for k in range(1, self.reps + 1)]
+            timed_eval(llm, timer, prefix, self.batch(n, n_past, 0), [], outputs)  # warm-up (graph build, allocation)
+            runs = [timed_eval(llm, timer, prefix, self.batch(n, n_past, k), [], outputs)
+                    for k in range(1, self.reps + 1)]
             stops = _split_stops(runs[0].nodes)
             # split mode: the same run as without a timer but for the stops; the eval's time
             # outside the graph, paired within each run (so a noisy machine mostly cancels)
             first = self.reps + 1
-            split = [timed_eval(llm, timer, prefix, self.batch(n, n_past, first + k), stops)
+            split = [timed_eval(llm, timer, prefix, self.batch(n, n_past, first + k), stops, outputs)
                      for k in range(self._split_reps(runs))]
             # runs spread widely (a software GPU's threads sharing the host's cores: lavapipe's decode
             # pass 134-273 ms, median 181, where 3 runs gave 143): more of them before the median is kept
             while (len(split) < 4 * self.reps and _spread(split) > WIDE_SPREAD
                    and sum(r.wall_us for r in split) / 1e6 < WIDE_SECONDS):
-                split.append(timed_eval(llm, timer, prefix, self.batch(n, n_past, first + len(split)), stops))
+                split.append(timed_eval(llm, timer, prefix, self.batch(n, n_past, first + len(split)), stops,
+                                        outputs))
         self.node_runs[(n, n_past)] = runs
         self._splits(n, n_past, runs, split, stops)
         self.outside[(n, n_past)] = statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
@@ -243,11 +248,14 @@ def _node_points(load: _Load, layers: AttentionLayers | None = None) -> list[dic
 def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
               n_ctx: int = 512, op_offload: bool = True, mmap: bool = True, reps: int = 3, max_fill_s: float = 10.0,
               progress: bool = True, max_rounds: int = MAX_ROUNDS, rounds_s: float = ROUNDS_S,
-              attention: Mapping[str, Any] = NO_FLASH_ATTN) -> Calibration:
+              attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1) -> Calibration:
     """Time the real graph of `path` on `devices` (the CPU first, then at most one accelerator)
     and fit the terms the one-op profile cannot see (module docstring). `profile`: the one-op
     Profile of the same model and devices, for the matmul scale. attention: llama_cpp.Llama's flash
-    attention and KV cache keywords (runtime.kvcache.llama_kwargs) every load takes.
+    attention and KV cache keywords (runtime.kvcache.llama_kwargs) every load takes. decode: the
+    workload's decode pass (tokens: one of each of its sequences), timed too when above 1 (a
+    4-token pass's layouts are not between the 1- and 32-token ones: the 8B's q4_K matrices ran
+    1.12x slower plain there, where the timed sizes interpolated to 0.8x).
 
     A shared machine can run 1.4-1.7x slower for seconds to minutes at a time (the project's VM: a
     small MoE's decode at 4.2-4.8 ms instead of 2.6-2.9 ms, at any load average), and a pass timed
@@ -267,7 +275,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
                                      progress=progress, routing=k == 0, refused=refused, attention=attention,
-                                     layers=layers))
+                                     layers=layers, decode=decode))
         spent = time.perf_counter() - t0
         if spent + spent / (k + 1) > rounds_s:  # another round would end past rounds_s
             break
@@ -283,7 +291,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         rounds.append(_measure_round(path, devices, threads=threads, n_prefill=n_prefill, n_ctx=n_ctx,
                                      op_offload=op_offload, mmap=mmap, reps=reps, max_fill_s=max_fill_s,
                                      progress=False, routing=False, host_only=True, refused=refused,
-                                     attention=attention, layers=layers))
+                                     attention=attention, layers=layers, decode=decode))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
     cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
@@ -314,7 +322,8 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
                    op_offload: bool, mmap: bool, reps: int, max_fill_s: float, progress: bool,
                    routing: bool = True, host_only: bool = False,
                    refused: Collection[tuple[str, tuple[int, ...]]] = (),
-                   attention: Mapping[str, Any] = NO_FLASH_ATTN, layers: AttentionLayers | None = None) -> Round:
+                   attention: Mapping[str, Any] = NO_FLASH_ATTN, layers: AttentionLayers | None = None,
+                   decode: int = 1) -> Round:
     """One round of `calibrate`'s measurements (routing: also record a mixture of experts' routing,
     which does not change between rounds; host_only: the host load's passes alone; refused: weights
     (type, shape) the accelerator refused to run when profiled, never streamed to it)."""
@@ -345,7 +354,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
         try:
             llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=n_big,
                         n_ubatch=n_big, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
-                        verbose=False, **attention, **kw)
+                        verbose=False, **attention, **decode_load_kwargs(decode), **kw)
         except (OallamaError, ValueError, RuntimeError) as e:  # report which load failed
             raise ProfileError(f"calibration: could not load {path} ({what} load): {e}") from None
         try:
@@ -362,6 +371,8 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
                                and per_run_s * n < max_fill_s / 2), None):
                 load.measure(second, 0)
             load.measure(1, n_prefill)
+            if 1 < decode < n_prefill:  # the workload's decode pass of several sequences: a row of logits each
+                load.measure(decode, n_prefill, outputs=decode)
             # attention over a long KV cache, when filling it costs little (a few prompt passes)
             per_token_s = load.walls[(n_prefill, 0)] / 1e6 / n_prefill
             if per_token_s * (n_ctx - n_prefill) < max_fill_s:
@@ -382,7 +393,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
         print("\rcalibrate: real graph, host weights repacked and plain".ljust(100), end="", file=sys.stderr,
               flush=True)
     layouts = measure_layouts(path, sizes=host_sizes, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
-                              reps=reps, attention=attention)
+                              reps=reps, attention=attention, decode=decode)
     if host_only:
         return Round(points, splits, host_outside, host_s=host_s, layouts=layouts)
     stream: dict[str, dict[str, Any]] = {}

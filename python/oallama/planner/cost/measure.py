@@ -236,17 +236,20 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
                   progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
                   server_threads: int = 0, known: KnownTimes | None = None, flash_attn: bool = False,
-                  type_k: str = "f16", type_v: str = "f16") -> Profile:
+                  type_k: str = "f16", type_v: str = "f16", decode_tokens: int = 1) -> Profile:
     """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
     with the same key. `threads` defaults to llama-cpp-python's default for generation.
     calibrated: also time the real graph (calibrate.py); server_threads: threads of the
     rpc-server among `devices`, when known (part of the key: the times depend on it); known:
     one-op times to take rather than measure (`measure`); flash_attn, type_k, type_v: the real graph's
-    attention (the calibration's loads; the one-op times do not depend on it)."""
+    attention (the calibration's loads; the one-op times do not depend on it); decode_tokens: the
+    workload's decode pass, which the calibration times too (and n_tokens should hold)."""
     settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
-                                server_threads=server_threads, flash_attn=flash_attn, type_k=type_k, type_v=type_v)
+                                server_threads=server_threads, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
+                                decode_tokens=decode_tokens)
     if inv is None:
-        inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx)
+        inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx,
+                        outputs={decode_tokens: decode_tokens} if decode_tokens > 1 else None)
     devs = [devmod.resolve(d) for d in devices]
     key = profile_key(shapes_hash(inv), devs, settings)
     cached = cache_dir() / f"{key}.json"
@@ -269,7 +272,7 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress,
-                                     attention=settings.attention())
+                                     attention=settings.attention(), decode=settings.decode_tokens)
         prof.elapsed_s += prof.calibration.elapsed_s
     prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before,
                        "after": hostspeed.measure_devices(settings.threads, acc)}

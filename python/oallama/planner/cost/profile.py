@@ -69,14 +69,18 @@ class Settings:
     flash_attn: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
+    decode_tokens: int = 1  # the calibration's decode pass (tokens): a workload's sequences, decoded together
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as a profile's key and file hold them (attention only where it is not
-        llama.cpp's f16 cache without flash attention, so that older keys still match)."""
+        llama.cpp's f16 cache without flash attention, the decode pass where it is not one token,
+        so that older keys still match)."""
         out = {"threads": self.threads, "op_offload": self.op_offload, "mmap": self.mmap, "repack": self.repack,
                "calibrate": self.calibrate, "server_threads": self.server_threads}
         if (self.flash_attn, self.type_k, self.type_v) != (False, "f16", "f16"):
             out.update(flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v)
+        if self.decode_tokens != 1:
+            out["decode_tokens"] = self.decode_tokens
         return out
 
     def attention(self) -> dict[str, Any]:
@@ -408,7 +412,7 @@ def profile_key(shapes: str, devs: Sequence[devmod.Device], settings: Settings) 
 
 def default_settings(threads: int | None, *, op_offload: bool = True, mmap: bool = True, repack: bool = True,
                      calibrated: bool = True, server_threads: int = 0, flash_attn: bool = False, type_k: str = "f16",
-                     type_v: str = "f16") -> Settings:
+                     type_v: str = "f16", decode_tokens: int = 1) -> Settings:
     """A measurement's settings; threads default to llama-cpp-python's for generation (half the cores)."""
     return Settings(threads or max((os.cpu_count() or 2) // 2, 1), op_offload, mmap, repack, calibrated,
-                    server_threads, flash_attn, type_k, type_v)
+                    server_threads, flash_attn, type_k, type_v, decode_tokens)

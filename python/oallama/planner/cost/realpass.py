@@ -44,10 +44,13 @@ def sync(llm: Any) -> None:
 
 
 def timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks: list[int],
-               stops: list[int]) -> Run:
+               stops: list[int], outputs: int = 1) -> Run:
     """One eval of `toks` after `prefix`, as the generation loop runs it: a prompt's pass
     follows a pass of another size (its graph is built anew), a decode pass follows one of its
-    own size (llama.cpp reuses that graph)."""
+    own size (llama.cpp reuses that graph). outputs: rows of logits the pass computes (its last
+    tokens'), as a decode pass of that many sequences does (the context must reserve them:
+    `decode_load_kwargs`); the output matmul is most of such a pass (the 8B's at 4 columns: 29 ms
+    where 1 took 9.6)."""
     if timer is not None:
         timer.reset([])
     n_past = len(prefix)
@@ -65,10 +68,42 @@ def timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks:
     if timer is not None:
         timer.reset(stops)
     t0 = time.perf_counter()
-    llm.eval(toks)
+    if outputs > 1:
+        _eval_outputs(llm, toks, n_past, outputs)
+    else:
+        llm.eval(toks)
     sync(llm)
     wall = (time.perf_counter() - t0) * 1e6
     return Run(wall, timer.times() if timer is not None else [])
+
+
+def decode_load_kwargs(decode: int) -> dict[str, Any]:
+    """oallama.Llama's keywords for a load that runs `timed_eval` with `decode` outputs: that many
+    sequences (and so rows of logits) reserved, over one shared KV stream (the calibration's passes
+    keep their one sequence's whole context)."""
+    return {"n_seq_max": decode, "kv_unified": True} if decode > 1 else {}
+
+
+def _eval_outputs(llm: Any, toks: list[int], n_past: int, outputs: int) -> None:
+    """Decode `toks` at n_past.. of sequence 0 with logits for the last `outputs` tokens, past
+    llama_cpp's eval (which asks for the last one's only); llama_cpp's own state stays at n_past,
+    so its next eval drops these cells."""
+    import llama_cpp
+
+    # the cells from n_past on (the lead pass's), as llama_cpp's eval drops them before its decode
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, n_past, -1)
+    batch = llama_cpp.llama_batch_init(len(toks), 0, 1)
+    try:
+        batch.n_tokens = len(toks)
+        for i, t in enumerate(toks):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, n_past + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= len(toks) - outputs
+        rc = llama_cpp.llama_decode(llm.ctx, batch)
+        if rc != 0:
+            raise ProfileError(f"calibration: llama_decode returned {rc} for a {len(toks)}-token pass")
+    finally:
+        llama_cpp.llama_batch_free(batch)
 
 
 def weight_nbytes(node: _core.NodeTime) -> int:
@@ -190,9 +225,10 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
 
 
 def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill: int, threads: int, mmap: bool,
-                    reps: int, attention: Mapping[str, Any] = NO_FLASH_ATTN) -> dict[str, Any] | None:
+                    reps: int, attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1) -> dict[str, Any] | None:
     """Host-only passes of each size in `sizes` (1: decode after n_prefill tokens, the mean of its
-    passes; n > 1: a prompt of n tokens, the median) in two loads one after the other: a default
+    passes; `decode` > 1: a decode pass of that many sequences after n_prefill tokens, its outputs
+    as many, the median; another n > 1: a prompt of n tokens, the median) in two loads one after the other: a default
     load (ggml repacks what its CPU kernels can) and one with those weights in plain memory. The
     one-op profile times each weight in both layouts, but its plain times missed the real graph's
     (the full 8B's decode: plain 1.38x repacked, measured; 1.09x, profiled;
@@ -212,7 +248,7 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
         try:
             llm = Llama(str(path), devices=["CPU"], layouts=layouts or None, n_ctx=n_ctx, n_batch=max(sizes), n_ubatch=max(sizes),
                         n_threads=threads, n_threads_batch=threads, use_mmap=mmap, verbose=False,
-                        n_gpu_layers=0, op_offload=False, **attention)
+                        n_gpu_layers=0, op_offload=False, **attention, **decode_load_kwargs(decode))
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"calibration: could not load {path} ({what} layouts load): {e}") from None
         try:
@@ -224,9 +260,15 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
                 out.update(n_weights=len(repacked), weight_bytes=sum(t.nbytes for t in repacked))
             tokens = prompt_tokens(llm, n_ctx)
             for n in sizes:
+                outputs = n if n == decode else 1
                 if n == 1:
                     us = statistics.fmean(decode_walls(llm, tokens, n_prefill, reps))
                     prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
+                elif outputs > 1:
+                    prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + n]
+                    timed_eval(llm, None, prefix, batch, [], outputs)  # warm-up
+                    us = statistics.median(timed_eval(llm, None, prefix, batch, [], outputs).wall_us
+                                           for _ in range(reps))
                 else:
                     timed_eval(llm, None, [], tokens[:n], [])  # warm-up (graph build, allocation)
                     us = statistics.median(timed_eval(llm, None, [], tokens[:n], []).wall_us for _ in range(reps))
@@ -234,7 +276,7 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
                 size = out["sizes"].setdefault(str(n), {})
                 size[f"{what}_us"] = us
                 with _core.NodeTimer(llm.native_context) as timer:
-                    nodes = timed_eval(llm, timer, prefix, batch, []).nodes
+                    nodes = timed_eval(llm, timer, prefix, batch, [], outputs).nodes
                 for key, (t, count) in _matmul_shapes(nodes).items():
                     size.setdefault("shapes", {}).setdefault(key, {})[f"{what}_us"] = t
                     size["shapes"][key]["nodes"] = count

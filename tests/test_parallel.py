@@ -1,0 +1,156 @@
+"""Plans for several sequences decoded together (llama.cpp's -np, llama-server's slots): the
+workload's context as llama.cpp sizes it, graphs whose decode pass carries one token of each
+sequence over its own KV stream, bytes against real loads and the stock llama-server's log, and
+the runtime's timed decode of several sequences against its one-sequence generation."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from helpers import assert_memory_as_planned, planned_context, stock_context, stock_server
+from oallama import Llama, PlanError, _core
+from oallama.planner.context import Workload, build_context
+from oallama.planner.cost.measure import profile_model
+from oallama.planner.plan import make_plan
+from oallama.runtime import rpc
+from oallama.runtime.generate import prompt_tokens, timed_generate, timed_parallel
+
+
+@pytest.fixture(scope="module")
+def tiny(synth_model) -> Path:
+    return synth_model("tiny", "f16", n_layer=2)
+
+
+def _context(path: Path, acc: str | None, parallel: int, fa: str = "off", context: int | None = None) -> Any:
+    """A planning context costed from a one-op profile (these tests check graphs, bytes and
+    settings, not times)."""
+    wl = Workload(prompt=40, gen=8, n_ubatch=64, parallel=parallel, flash_attn=fa, context=context)
+    devices = ["CPU", acc] if acc else ["CPU"]
+    prof = profile_model(path, devices, threads=1, repeats=2, progress=False, calibrated=False, n_ctx=wl.n_ctx)
+    return build_context(path, acc, wl, profile=prof, threads=1, progress=False)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"parallel": 0}, r"--parallel 0: llama.cpp holds 1 to 256"),
+    ({"parallel": 300}, r"--parallel 300: llama.cpp holds 1 to 256"),
+    ({"parallel": 4, "context": 1024}, r"--ctx 1024: .* need 300 tokens of context in each of 4 sequences \(256 cells"),
+], ids=["np0", "np300", "np4-ctx1024"])
+def test_a_workload_refuses_what_llama_cpp_cannot_hold(fields: dict[str, int], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        Workload(prompt=200, gen=100, **fields)
+
+
+@pytest.mark.parametrize(("parallel", "context"), [(1, 1000), (3, 1000), (4, None), (5, 3000)],
+                         ids=["np1-ctx1000", "np3-ctx1000", "np4-default", "np5-ctx3000"])
+def test_the_context_is_sized_as_llama_cpp_sizes_it(parallel: int, context: int | None, tiny: Path) -> None:
+    """The workload's n_ctx and per-sequence cells are what llama.cpp makes of -c and -np (each
+    stream padded to 256 cells), read from a real load."""
+    wl = Workload(prompt=40, gen=8, parallel=parallel, context=context)
+    with contextlib.closing(Llama(str(tiny), n_ctx=wl.n_ctx if context is None else context, n_threads=1,
+                                  verbose=False, n_seq_max=parallel, kv_unified=False)) as llm:
+        assert (llama_cpp.llama_n_ctx(llm.ctx), llama_cpp.llama_n_ctx_seq(llm.ctx)) == (wl.n_ctx, wl.n_ctx_seq)
+        assert llama_cpp.llama_n_seq_max(llm.ctx) == parallel
+
+
+@pytest.mark.parametrize("fa", ["off", "on"])
+def test_a_decode_pass_carries_one_token_of_each_sequence_over_its_stream(fa: str, tiny: Path) -> None:
+    """With 4 sequences the decode pass is a 4-token graph whose attention runs per stream (4
+    streams of one query row each), the prompt's passes one stream; the KV cache's bytes are a
+    real load's with the same sequences."""
+    ctx = _context(tiny, None, 4, fa)
+    assert ctx.workload.decode == 4 and set(ctx.workload.pass_weights()) == {40, 4}
+    att = "FLASH_ATTN_EXT" if fa == "on" else "SOFT_MAX"
+
+    def att_shape(n: int) -> tuple[int, ...]:
+        return next(tuple(nd.ne) for nd in ctx.passes[n].graph.nodes if nd.op == att)
+
+    # flash attention's result [Dv, n_head, rows, streams]; soft_max's scores [n_kv, rows, n_head, streams]
+    rows = 2 if fa == "on" else 1
+    dec, prompt = att_shape(4), att_shape(40)
+    assert (dec[rows], dec[3]) == (1, 4) and (prompt[rows], prompt[3]) == (40, 1)
+    with contextlib.closing(Llama(str(tiny), n_ctx=ctx.workload.n_ctx, n_ubatch=64, n_batch=64, n_threads=1,
+                                  verbose=False, flash_attn=fa == "on", n_seq_max=4, kv_unified=False)) as llm:
+        loaded = sum(int(m.context) for m in _core.memory(llm.native_context) if m.device == "CPU")
+    assert sum(ctx.kv_bytes.values()) == loaded
+
+
+def test_sequences_decoded_together_generate_what_one_does(tiny: Path) -> None:
+    """timed_parallel's sequences of one prompt each generate the one-sequence greedy tokens."""
+    with contextlib.closing(Llama(str(tiny), n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=1, verbose=False,
+                                  n_seq_max=4, kv_unified=False)) as llm:
+        toks = prompt_tokens(llm, 40)
+        g = timed_parallel(llm, toks, 4, 8)
+        alone = timed_generate(llm, toks, 8).tokens
+    assert g.tokens == [alone] * 4 and len(g.pass_s) == 7 and len(g.prompt_s) == 4
+    with contextlib.closing(Llama(str(tiny), n_ctx=256, n_threads=1, verbose=False)) as llm, \
+            pytest.raises(Exception, match=r"4 sequences: the context holds 1 \(load with n_seq_max=\)"):
+        timed_parallel(llm, prompt_tokens(llm, 8), 4, 2)
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Any:
+    with rpc.start_server(threads=1) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("parallel", "fa"), [(4, "on"), (3, "off")], ids=["np4-fa-on", "np3-fa-off"])
+def test_a_plan_for_several_sequences_is_what_oallama_and_the_stock_server_load(parallel: int, fa: str, tiny: Path,
+                                                                               own_server: rpc.RpcServer,
+                                                                               tmp_path: Path) -> None:
+    """Every layer on the rpc-server: oallama's load of the plan holds the plan's sequences and
+    bytes there (and refuses another n_seq_max); the emitted command pins -np and a KV stream per
+    sequence, and llama-server's log shows that context and the plan's bytes."""
+    ctx = _context(tiny, own_server.device_name, parallel, fa)
+    plan = make_plan(ctx, "layers", "256MiB")
+    assert plan.settings["n_seq_max"] == parallel and plan.settings["kv_unified"] is False
+    path = str(plan.save(tmp_path / "plan.json"))
+    kw: dict[str, Any] = {"n_ctx": ctx.workload.n_ctx, "n_batch": 64, "n_ubatch": 64, "n_threads": 1, "verbose": False}
+    with contextlib.closing(Llama(str(tiny), placement=path, **kw)) as llm:
+        assert llama_cpp.llama_n_seq_max(llm.ctx) == parallel
+        rows = [m for m in _core.memory(llm.native_context) if m.device == own_server.device_name]
+        got = {k: sum(int(getattr(m, k)) for m in rows) for k in ("model", "context", "compute")}
+    assert got["context"] > 0 and got == {k: plan.memory[k] for k in got}
+    with pytest.raises(PlanError, match=rf"n_seq_max=1 conflicts with the plan's n_seq_max={parallel}"):
+        Llama(str(tiny), placement=path, n_seq_max=1, **kw)
+    cmd = plan.stock_command()
+    assert cmd[cmd.index("-np") + 1] == str(parallel) and "--no-kv-unified" in cmd
+    log = tmp_path / "llama-server.log"
+    with rpc.start_server(threads=1) as other:  # a fresh rpc-server: one serves one client at a time
+        args = [a.replace(own_server.endpoint, other.endpoint) for a in cmd[1:]]
+        with stock_server([*args, "-v"], log):
+            pass
+    text = log.read_text(errors="replace")
+    assert stock_context(text) == planned_context(plan)
+    assert_memory_as_planned(plan, text, "RPC0")
+
+
+def test_a_confirmation_measures_the_sequences_together(tiny: Path, own_server: rpc.RpcServer) -> None:
+    """Confirming plans for 2 sequences runs each candidate's decode passes over both sequences
+    (its loads hold them), as the stock server's slots would."""
+    from oallama.planner import confirm as C
+    from oallama.runtime.planfile import ConfirmOptions
+
+    ctx = _context(tiny, own_server.device_name, 2)
+    plans = {"layers": make_plan(ctx, "layers", 1), "optimal": make_plan(ctx, "layers", "256MiB")}
+    conf = C.confirm(ctx, plans, ConfirmOptions(confirm_rounds=3), cache=False, progress=False)
+    for c in conf.candidates:
+        assert c.measured() is not None and c.measured()["sequences"] == 2 and c.measured()["tpot_ms"] > 0
+
+
+def test_the_calibration_times_the_decode_pass_of_the_sequences(synth_model) -> None:
+    """A workload of 4 sequences is calibrated on its own decode pass: 4 tokens with a row of logits
+    each (the output matmul at 4 columns, most of such a pass on a large vocabulary), in the real
+    graph and in both host layouts; its profile is keyed apart from the one-sequence profile's."""
+    tiny = synth_model("tiny", "q4_0", n_layer=2)  # repacked by a default load: both layouts are timed
+    one = profile_model(tiny, ["CPU"], threads=1, repeats=2, progress=False, cache=False, n_ctx=512)
+    four = profile_model(tiny, ["CPU"], threads=1, repeats=2, progress=False, cache=False, n_ctx=512,
+                         n_tokens=(1, 4, 32, 64, 128, 256, 512), decode_tokens=4)
+    assert four.key != one.key and four.settings.decode_tokens == 4
+    out = {p["cols"] for p in four.calibration.points if p["n_tokens"] == 4 and p["name"].startswith("result_output")}
+    assert out == {4} and not any(p["n_tokens"] == 4 for p in one.calibration.points)
+    assert four.calibration.layouts is not None and "4" in four.calibration.layouts["sizes"]
