@@ -384,12 +384,12 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
     (`build_context`), measured with `attention` (flash attention resolved, the KV cache's types).
     A shape-only file is never run: only the device model can cost it."""
     devices = [HOST, acc] if acc else [HOST]
-    # the workload's decode pass of several sequences: timed one-op and in the real graph (the
-    # device model has the one-op column counts of its reference, and none of a workload's)
+    # the workload's decode pass of several sequences: its weights (the output at a column per
+    # sequence) timed one-op, and the pass in the real graph when this model is calibrated (the
+    # device model's reference has the one-op column counts of a one-sequence decode only)
     kw: dict[str, Any] = {"threads": threads, "n_tokens": tuple(sorted({*DEFAULT_TOKENS, workload.decode})),
-                          "n_ctx": workload.n_ctx, "op_offload": op_offload, "progress": progress, **attention}
-    if not model.shape_only and calibration != "device":
-        kw["decode_tokens"] = workload.decode
+                          "n_ctx": workload.n_ctx, "op_offload": op_offload, "progress": progress,
+                          "decode_tokens": workload.decode, **attention}
     settings = default_settings(threads, op_offload=op_offload, **attention)
     if model.shape_only and calibration == "model":
         raise PlanError(f"{path}: a shape-only file (zero weights) cannot be calibrated by running it; "

@@ -172,10 +172,8 @@ class Plan:
         # --swa-full: a sliding-window layer's cache holds the whole context, as llama-cpp-python's
         # default (and so the plan's bytes) has it; llama-server's own keeps the window only
         args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", str(s.get("type_k", "f16")),
-                 "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", str(s.get("n_seq_max", 1))]
-        if int(s.get("n_seq_max", 1)) > 1:
-            args.append("--no-kv-unified")
-        args += ["--fit", "off"]
+                 "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", str(s.get("n_seq_max", 1)),
+                 *(["--no-kv-unified"] if int(s.get("n_seq_max", 1)) > 1 else []), "--fit", "off"]
         if s.get("threads"):
             args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
         if s.get("op_offload") is False and not self.streams_nothing():  # else emit_args says it
