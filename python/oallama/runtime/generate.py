@@ -8,6 +8,7 @@ TPOT is the mean time per further token: one single-token decode plus sampling.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import statistics
 import sys
@@ -121,14 +122,8 @@ def timed_parallel(llm: Any, prompt: Sequence[int], n_seqs: int, n_gen: int) -> 
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
     n_vocab = llm.n_vocab()
     n_batch = max(llm.n_batch, n_seqs)
-    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-
-    def run(items: Sequence[tuple[int, int, int, bool]]) -> None:  # (token, pos, seq, logits)
-        batch.n_tokens = len(items)
-        for i, (tok, pos, seq, logits) in enumerate(items):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, logits
-            batch.seq_id[i][0] = seq
-        llm._ctx.decode(_Batch(batch))  # through llama_cpp's context: oallama's rpc failure check sees it
+    batch = SeqBatch(n_batch)
+    run = functools.partial(batch.decode, llm)
 
     def greedy(i: int) -> int:
         ptr = llama_cpp.llama_get_logits_ith(ctx, i)
@@ -152,16 +147,42 @@ def timed_parallel(llm: Any, prompt: Sequence[int], n_seqs: int, n_gen: int) -> 
                 out[seq].append(greedy(seq))
             pass_s.append(time.perf_counter() - t0)
     finally:
-        llama_cpp.llama_batch_free(batch)
+        batch.close()
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
     return ParallelGeneration(len(tokens), out, prompt_s, pass_s)
 
 
-@dataclass
-class _Batch:
-    """What llama_cpp's LlamaContext.decode reads of a LlamaBatch."""
+class SeqBatch:
+    """A llama_batch of up to n tokens, each of one sequence: `decode(llm, items)` decodes
+    (token, pos, seq, logits) items through llama_cpp's context (so oallama's rpc failure check
+    sees it; llama_cpp's own eval puts every token in sequence 0 and asks for the last logits only).
 
-    batch: Any
+        >>> with contextlib.closing(SeqBatch(4)) as b:
+        ...     b.decode(llm, [(tok, 40, s, True) for s in range(4)])  # one token of 4 sequences
+    """
+
+    def __init__(self, n: int) -> None:
+        import llama_cpp
+
+        self.batch = llama_cpp.llama_batch_init(n, 0, 1)  # what LlamaContext.decode reads of a LlamaBatch
+        self.n = n
+
+    def decode(self, llm: Any, items: Sequence[tuple[int, int, int, bool]]) -> None:
+        if len(items) > self.n:
+            raise ValueError(f"{len(items)} tokens: the batch holds {self.n}")
+        b = self.batch
+        b.n_tokens = len(items)
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
+            b.seq_id[i][0] = seq
+        llm._ctx.decode(self)
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self.batch is not None:
+            llama_cpp.llama_batch_free(self.batch)
+            self.batch = None
 
 
 # --- placement summaries --------------------------------------------------------------------

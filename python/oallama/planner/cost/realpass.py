@@ -90,20 +90,15 @@ def _eval_outputs(llm: Any, toks: list[int], n_past: int, outputs: int) -> None:
     so its next eval drops these cells."""
     import llama_cpp
 
+    from ...runtime.generate import SeqBatch
+
     # the cells from n_past on (the lead pass's), as llama_cpp's eval drops them before its decode
     llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, n_past, -1)
-    batch = llama_cpp.llama_batch_init(len(toks), 0, 1)
-    try:
-        batch.n_tokens = len(toks)
-        for i, t in enumerate(toks):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, n_past + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= len(toks) - outputs
-        rc = llama_cpp.llama_decode(llm.ctx, batch)
-        if rc != 0:
-            raise ProfileError(f"calibration: llama_decode returned {rc} for a {len(toks)}-token pass")
-    finally:
-        llama_cpp.llama_batch_free(batch)
+    with contextlib.closing(SeqBatch(len(toks))) as batch:
+        try:
+            batch.decode(llm, [(t, n_past + i, 0, i >= len(toks) - outputs) for i, t in enumerate(toks)])
+        except RuntimeError as e:  # llama_cpp's "llama_decode returned N"
+            raise ProfileError(f"calibration: a {len(toks)}-token pass with {outputs} outputs: {e}") from None
 
 
 def weight_nbytes(node: _core.NodeTime) -> int:
