@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from oallama.planner import plan as planmod
-from oallama.planner.cost.calfit import fit
+from oallama.planner.cost.calfit import refitted
 from oallama.planner.cost.profile import Profile
 from oallama.runtime import rpc
 
@@ -36,14 +36,8 @@ def _context(spec: dict[str, Any], d: Path, device: str) -> planmod.PlanContext:
     if not pf.exists():
         pf = next(d.glob(f"profiles/{spec['profile_key'][:12]}*.json"))
     prof = Profile.from_json(json.loads(pf.read_text()), pf)
-    old = prof.calibration
-    if old is not None:  # the committed measurements, fitted by this checkout's method
-        new = fit(old.points, [], prof, old.splits)
-        new.pass_a_us, new.pass_b_us = old.pass_a_us, old.pass_b_us
-        new.stream, new.scatter = old.stream, old.scatter
-        new.detached, new.decode_us = old.detached, old.decode_us
-        new.layouts = old.layouts
-        prof.calibration = new
+    if prof.calibration is not None:  # the committed measurements, fitted by this checkout's method
+        prof.calibration = refitted(prof.calibration, prof)
     prof = prof.renamed([n if n == "CPU" else device for n in prof.devices])
     wl = planmod.Workload(c["prompt"], c["gen"], "e2e", c["settings"]["n_ubatch"])
     return planmod.build_context(c["model"], device, wl, profile=prof, threads=c["settings"]["threads"],

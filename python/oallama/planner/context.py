@@ -24,9 +24,8 @@ from ..runtime import devices as devmod
 from ..runtime import kvcache
 from ..runtime.place import layer_weights
 from .cost import devicemodel, opsizes
-from .cost.calfit import Calibration
+from .cost.calfit import Calibration, interpolated
 from .cost.measure import profile_model
-from .cost.mmshares import interpolated
 from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings
 from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 from .graph import Graph, GraphSession, attention_layers, target_ops

@@ -145,6 +145,11 @@ def _trim(ne: Iterable[int]) -> tuple[int, ...]:
     return tuple(dims)
 
 
+def class_key(op: str, weight_type: str, shape: Sequence[int]) -> str:
+    """A weight matmul's shape class: op, weight type, weight shape (trailing 1s trimmed)."""
+    return f"{op}:{weight_type}:{'x'.join(map(str, _trim(shape)))}"
+
+
 def target_ops(graph: Graph) -> list[TargetOp]:
     out = []
     for n in graph.nodes:

@@ -2,7 +2,7 @@
 
   work / OpFit         what a non-weight op's time grows with, and a line through its times;
   DeviceCalibration    one device's fitted terms (node overhead, other ops, weight matmul scale,
-                       pass-size anchors, shape shares);
+                       pass-size anchors);
   Calibration          every device's, the time outside the graph, and the measurements behind them;
   fit                  the fits from node-mode and split-mode times (see calibrate.py).
 """
@@ -12,15 +12,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
-
-import numpy as np
 
 from ...errors import ProfileError
 from ..graph import node_layer
-from .mmshares import class_key, fit_shares, interpolated, share
 from .realpass import MATMUL_OPS, VIEW_OPS
 from .rounds import context_bounded
 from .routing import Routing
@@ -98,20 +95,17 @@ class DeviceCalibration:
     # n_tokens -> the weight matmuls' own factor where it is not `anchors`' (a pass size whose node-by-node
     # times were mostly synchronisation: its matmuls at their one-op time, `_anchored`)
     mm_anchors: dict[int, float] = field(default_factory=dict)
-    # n_tokens -> weight matmul shape class -> its share (mmshares.py: the shape's own real-graph / one-op
-    # ratio over the pass size's, where its node times stand clear of the noise of timing a node alone)
-    mm_shares: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def factor(self, n_tokens: int | None) -> float:
         """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
         log scale of tokens; beyond them, the nearest one's."""
         return interpolated(self.anchors, n_tokens)
 
-    def scale_for(self, n_tokens: int | None, key: str | None = None) -> float:
-        """Real-graph / profile time of weight matmuls in a pass of n_tokens (of shape class `key`,
-        `mmshares.class_key`: with its share)."""
-        s = self.matmul_scale * interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
-        return s * share(self.mm_shares, key, n_tokens) if key is not None else s
+    def scale_for(self, n_tokens: int | None) -> float:
+        """Real-graph / profile time of weight matmuls in a pass of n_tokens. One ratio for every
+        shape: a ratio per shape (calibration method 18-26) did no better on the held-out set, and
+        a little worse (bench/results/2026-11-26-vm-refit-ablation)."""
+        return self.matmul_scale * interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
 
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
@@ -171,9 +165,7 @@ class Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
                                      v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
                                      {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
-                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()},
-                                     {int(n): {k: float(r) for k, r in sh.items()}
-                                      for n, sh in (v.get("mm_shares") or {}).items()})
+                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
         return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
                            doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
@@ -272,11 +264,8 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                 continue
             per_op[op_key(p["op"], p["n_tokens"])].append((p["work"], us))
             per_op["*"].append((p["work"], us))
-        noise = float(np.percentile(views, 90) - np.percentile(views, 10)) if views else 0.0
-        mms = [(p, _profile_us(profile, dev, p, routing)) for p in pts if p["weight_type"] and p["op"] in MATMUL_OPS]
-        shares = fit_shares(mms, h, noise)
         dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
-                               n_mm, mm_shares=shares)
+                               n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
@@ -288,6 +277,13 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                        decode_us=statistics.median(decode) if decode and prompt else None)
 
 
+def refitted(cal: Calibration, profile: Any) -> Calibration:
+    """`cal` with its devices' terms fitted again by this code from the node and split times it keeps,
+    everything else as measured: a change of the fit scored on stored measurements, nothing run
+    (bench/heldout/refit.py, bench/scripts/repredict.py)."""
+    return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing).devices)
+
+
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
               view_us: float, profile: Any, routing: Routing | None = None) -> DeviceCalibration:
     """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
@@ -295,14 +291,14 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
     modelled: dict[tuple, float] = defaultdict(float)
     mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
-    mm_mod_by_n: dict[int, float] = defaultdict(float)  # ... and as modelled (scaled, with shares)
+    mm_mod_by_n: dict[int, float] = defaultdict(float)  # ... and as modelled (scaled)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
             continue
         if p["weight_type"] and p["op"] in MATMUL_OPS:
             t = _profile_us(profile, dev, p, routing)
-            t_mod = t * dc.matmul_scale * share(dc.mm_shares, _key(p), int(k[1]))
+            t_mod = t * dc.matmul_scale
             modelled[k] += t_mod
             mm_by_n[int(k[1])] += t
             mm_mod_by_n[int(k[1])] += t_mod
@@ -334,8 +330,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
     # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
     # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
-    # node's time after the overhead h is the round trip's noise, and the shares it gives are noise too
-    # (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
+    # node's time after the overhead h is the round trip's noise (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
     # its decode ops together were anchored to the pass). There the weight matmuls keep their one-op
     # time, which the profile measures apart from the round trip, and the other ops take the rest.
     mm_anchors: dict[int, float] = {}
@@ -351,13 +346,21 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
             continue
         anchors[n] = (m - mm) / rest
         mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
-    shares = {n: sh for n, sh in dc.mm_shares.items() if n not in mm_anchors}  # there: each at its one-op time
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors,
-                             shares)
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors)
 
 
-def _key(p: dict[str, Any]) -> str:
-    return class_key(p["op"], p["weight_type"], p["src0_ne"])
+def interpolated(by_size: Mapping[int, float], n_tokens: int | None) -> float:
+    """A per-pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a log
+    scale of tokens; beyond them, the nearest one's; 1 with none."""
+    if n_tokens is None or not by_size:
+        return 1.0
+    sizes = sorted(by_size)
+    if n_tokens <= sizes[0] or n_tokens >= sizes[-1]:
+        return by_size[sizes[0] if n_tokens <= sizes[0] else sizes[-1]]
+    hi = next(n for n in sizes if n >= n_tokens)
+    lo = max(n for n in sizes if n < n_tokens)
+    t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return by_size[lo] + t * (by_size[hi] - by_size[lo])
 
 
 def line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:

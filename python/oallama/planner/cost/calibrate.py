@@ -12,12 +12,11 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
   ops[op]            every other op:  us = a + b * work, least squares over the nodes seen on
                      that device (work = multiply-adds of an activation x activation matmul,
                      else bytes read + written; see `work`);
-  matmul_scale       real-graph / profile compute time of the weight matmuls (ratio of sums);
-  mm_shares          and each matmul shape's share of it per pass size, where the shape's node times
-                     stand clear of the noise of timing a node alone (mmshares.py: the one-op
-                     profile's error depends on the shape, 0.6-1.1x for one 8B's decode matmuls);
+  matmul_scale       real-graph / profile compute time of the weight matmuls (ratio of sums; one
+                     for every shape: a share per shape did no better on the held-out set,
+                     bench/results/2026-11-26-vm-refit-ablation);
   anchor             both scaled so that the timed splits' nodes sum to the splits' measured
-                     times (node-by-node times give the shares, whole splits the totals);
+                     times (node-by-node times give each op's part, whole splits the totals);
   anchors            and then per pass size (tokens): where a node's time alone is mostly its
                      synchronisation (an rpc-server's round trip), the fits cannot tell a decode
                      op's few microseconds from a prompt op's hundreds; each pass size's splits
@@ -61,7 +60,7 @@ out costs each shape's plain time at its ratio of node times, all scaled to the 
 (`context.plain_times`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
 1.09x, its attention matrices 1.67x against 1.11x). Calibration is a step of `profile` (cached with it;
 `--no-calibrate` skips it).
-This module measures; the fits are calfit.py's, each weight matmul shape's share mmshares.py's.
+This module measures; the fits are calfit.py's.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 26  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 27  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -109,7 +108,8 @@ VERSION = 26  # of the method: part of a calibrated profile's cache key (8: stre
 # 23: `layouts` every round, the rounds' median ratio kept; 24: `layouts` times one pass per size node by node in
 # both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`; 25: each timed decode
 # pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval; 26: each pass, streamed and
-# scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`)
+# scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`; 27: no per-shape shares of the weight
+# matmuls' ratio)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...

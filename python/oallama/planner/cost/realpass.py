@@ -23,7 +23,7 @@ from typing import Any
 from ... import _core
 from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
-from .mmshares import class_key
+from ..graph import class_key
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
@@ -230,7 +230,7 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     bench/results/2026-11-24-vm-layout-scale), and by shape more still (its attention matrices 1.67x
     slower plain in the real graph, 1.11x in the profile; its FFN gate 1.70x against 1.89x;
     bench/results/2026-11-25-vm-8b-layouts). So each pass size also times one pass node by node in
-    both loads: per weight matmul shape (`mmshares.class_key`), its nodes' summed times in each load
+    both loads: per weight matmul shape (`graph.class_key`), its nodes' summed times in each load
     and their count (`shapes`). The plan costs each plain weight at its shape's ratio of those times
     and the all-plain pass at the ratio of the walls (`context.plain_times`). None when a default
     load repacks nothing."""

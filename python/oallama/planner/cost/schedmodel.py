@@ -49,9 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
-from ..graph import AttentionLayers, Graph, Node, layer_of, node_layer
+from ..graph import AttentionLayers, Graph, Node, class_key, layer_of, node_layer
 from .calfit import Calibration, work
-from .mmshares import class_key
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 from .routing import Routing
 
@@ -224,14 +223,14 @@ class PassModel:
         # the plain layout's one-op times of the host matmuls a default load repacks (us), before the
         # calibration's real-graph ones replace them (`set_plain_times`)
         self.plain_profiled: dict[int, float] = {}
-        self.shape_key: dict[int, str] = {}  # weight matmul -> its shape class (mmshares.class_key)
+        self.shape_key: dict[int, str] = {}  # weight matmul -> its shape class (graph.class_key)
         if profile is not None:
             from ..graph import target_ops
 
             for op in target_ops(graph):
                 self.targets.add(op.index)
-                key = self.shape_key[op.index] = class_key(op.op, op.weight_type, op.weight_shape)
-                scale = {d: (cal.devices[d].scale_for(self.n_tokens, key) if cal is not None and d in cal.devices
+                self.shape_key[op.index] = class_key(op.op, op.weight_type, op.weight_shape)
+                scale = {d: (cal.devices[d].scale_for(self.n_tokens) if cal is not None and d in cal.devices
                              else 1.0) for d in (HOST, acc) if d}
                 # a MUL_MAT_ID at the distinct experts the recorded routing touches at this size
                 act = (routing.active(op.weight_shape[2], op.n_expert_used, op.layer, op.n_tokens)
