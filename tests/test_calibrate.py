@@ -241,6 +241,24 @@ def test_the_fit_recovers_the_terms_synthetic_passes_were_made_of(jitter_us: flo
     assert (cal.pass_a_us, cal.pass_b_us, cal.decode_us) == pytest.approx((300.0, 7.0, 150.0))
 
 
+def test_an_op_kind_not_calibrated_costs_the_median_byte_op_kind() -> None:
+    """A device model costs another model's graph, whose op kinds its reference may lack (Gemma 3's
+    SCALE and GEGLU on Llama 3's). Nodes of known lines: three kinds whose work is bytes (one of them,
+    the KV copies, dear per node) and the attention matmul (work in multiply-adds, a large intercept).
+    An unseen byte op costs the median kind's intercept and slope, untouched by the matmul's intercept
+    or the dear kind; an unseen op of multiply-adds the matmul's line."""
+    lines = {"ADD": (1.0, 1e-4), "MUL": (2.0, 2e-4), "SET_ROWS": (30.0, 4e-3), "MUL_MAT": (80.0, 2e-5)}
+    points = [{"load": "host", "n_tokens": n, "n_past": 32, "split": 0, "device": "CPU", "op": op,
+               "weight_type": "", "src0_ne": [64, 64, 1, 1], "work": w, "us": a + b * w}
+              for n in (1, 32) for op, (a, b) in lines.items() for w in (1e3 * n, 4e4 * n, 9e5 * n)]
+    dc = fit(points, [], _OneOpTimes({})).devices["CPU"]
+    for w in (1e3, 1e6):
+        assert dc.node_time_us("SCALE", w, 1) == pytest.approx(2.0 + 2e-4 * w)  # median a (1, 2, 30), b
+        assert dc.node_time_us("GEGLU", w, 32) == pytest.approx(2.0 + 2e-4 * w)
+        assert dc.node_time_us("FLASH_ATTN_EXT", w, 1) == pytest.approx(80.0 + 2e-5 * w)
+        assert dc.node_time_us("ADD", w, 1) == pytest.approx(1.0 + 1e-4 * w)  # a kind seen keeps its own
+
+
 def test_node_overhead_from_splits() -> None:
     # 10 ops whose compute sums to 500 us; a split alone costs one launch (20 us) + 500; timed alone
     # each op also pays h = 30 us: the ops' node-mode sum is 500 + 10 * 30

@@ -45,6 +45,25 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
     return float(nbytes + src_bytes)
 
 
+def byte_work(op: str) -> bool:
+    """Whether `work` counts an op's bytes (else its multiply-adds)."""
+    return op not in MATMUL_OPS and op != "FLASH_ATTN_EXT"
+
+
+def unseen_op_fit(fits: Mapping[str, OpFit]) -> OpFit | None:
+    """The line "*" that costs an op kind the calibration did not see (a device model costing
+    another model's graph: Gemma 3's GEGLU and SCALE on Llama 3's reference): the median kind's
+    intercept and slope over the kinds whose work is bytes. One line through every node put each
+    unseen op at the attention matmuls' intercept, and one through the byte ops at the KV copies'
+    (Gemma 3's 19 SCALE nodes of a decode pass at 1.1-1.3 ms, under 0.01 ms in its own calibration;
+    bench/results/2026-11-26-vm-devicemodel-unseen-ops)."""
+    kinds = [f for op, f in fits.items() if byte_work(op.split(":")[0]) and op != "*"]  # keys: `op_key`
+    if not kinds:
+        return None
+    return OpFit(statistics.median(f.a_us for f in kinds), statistics.median(f.b_us for f in kinds),
+                 sum(f.n for f in kinds))
+
+
 def op_key(op: str, n_tokens: int | None) -> str:
     """The fit a node's time is taken from: its op, but flash attention in a one-token pass apart
     ("FLASH_ATTN_EXT:1"). One query row per head streams its K and V rows once for that row alone,
@@ -87,7 +106,7 @@ class OpFit:
 @dataclass
 class DeviceCalibration:
     node_overhead_us: float  # us added by timing one node alone
-    ops: dict[str, OpFit]  # non-weight op -> fit; "*" fits all of them together (fallback)
+    ops: dict[str, OpFit]  # non-weight op -> fit; "*": an op kind not seen (`unseen_op_fit`)
     matmul_scale: float  # real-graph / profile time of weight matmuls (ratio of sums; 1.0 if none seen)
     n_matmuls: int = 0
     anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
@@ -110,7 +129,8 @@ class DeviceCalibration:
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
-        f = self.ops.get(op_key(op, n_tokens)) or self.ops.get(op) or self.ops.get("*")
+        # an op kind not seen: "*" for one whose work is bytes, the attention matmuls' line for one in multiply-adds
+        f = self.ops.get(op_key(op, n_tokens)) or self.ops.get(op) or self.ops.get("*" if byte_work(op) else "MUL_MAT")
         return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
 
 
@@ -263,9 +283,10 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                     real, prof, n_mm = real + us, prof + t, n_mm + 1
                 continue
             per_op[op_key(p["op"], p["n_tokens"])].append((p["work"], us))
-            per_op["*"].append((p["work"], us))
-        dc = DeviceCalibration(h, {op: OpFit.fit(v) for op, v in per_op.items()}, real / prof if prof > 0 else 1.0,
-                               n_mm)
+        fits = {op: OpFit.fit(v) for op, v in per_op.items()}
+        if star := unseen_op_fit(fits):
+            fits["*"] = star
+        dc = DeviceCalibration(h, fits, real / prof if prof > 0 else 1.0, n_mm)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling

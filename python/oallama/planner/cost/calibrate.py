@@ -91,7 +91,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 27  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 28  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -109,7 +109,7 @@ VERSION = 27  # of the method: part of a calibrated profile's cache key (8: stre
 # both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`; 25: each timed decode
 # pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval; 26: each pass, streamed and
 # scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`; 27: no per-shape shares of the weight
-# matmuls' ratio)
+# matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
