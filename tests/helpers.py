@@ -268,9 +268,10 @@ def assert_memory_as_planned(plan: Any, log: str, device: str) -> None:
 def planned_context(plan: Any) -> dict[str, str]:
     """What `stock_context` should read for a plan's emitted command (planner.plan.Plan.stock_settings)."""
     s = plan.settings
-    n_seq = int(s.get("n_seq_max", 1))
-    return {"n_ctx": str(s["n_ctx"]), "n_ctx_seq": str(int(s["n_ctx"]) // n_seq), "n_batch": str(s["n_ubatch"]),
-            "n_ubatch": str(s["n_ubatch"]), "n_seq_max": str(n_seq), "kv_unified": "false",
+    n_seq, unified = int(s.get("n_seq_max", 1)), bool(s.get("kv_unified"))
+    return {"n_ctx": str(s["n_ctx"]), "n_ctx_seq": str(int(s["n_ctx"]) // (1 if unified else n_seq)),
+            "n_batch": str(s["n_ubatch"]), "n_ubatch": str(s["n_ubatch"]), "n_seq_max": str(n_seq),
+            "kv_unified": "true" if unified else "false",
             "flash_attn": "enabled" if s["flash_attn"] else "disabled", "type_k": s.get("type_k", "f16"),
             "type_v": s.get("type_v", "f16")}
 

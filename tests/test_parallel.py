@@ -18,7 +18,7 @@ from oallama.planner.context import Workload, build_context
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.plan import make_plan
 from oallama.runtime import rpc
-from oallama.runtime.generate import prompt_tokens, timed_generate, timed_parallel
+from oallama.runtime.generate import SeqBatch, prompt_tokens, timed_generate, timed_parallel
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,12 @@ def tiny(synth_model) -> Path:
     return synth_model("tiny", "f16", n_layer=2)
 
 
-def _context(path: Path, acc: str | None, parallel: int, fa: str = "off", context: int | None = None) -> Any:
+def _context(path: Path, acc: str | None, parallel: int, fa: str = "off", context: int | None = None,
+             unified: bool = False, prompt: int = 40) -> Any:
     """A planning context costed from a one-op profile (these tests check graphs, bytes and
     settings, not times)."""
-    wl = Workload(prompt=40, gen=8, n_ubatch=64, parallel=parallel, flash_attn=fa, context=context)
+    wl = Workload(prompt=prompt, gen=8, n_ubatch=64, parallel=parallel, flash_attn=fa, context=context,
+                  kv_unified=unified)
     devices = ["CPU", acc] if acc else ["CPU"]
     prof = profile_model(path, devices, threads=1, repeats=2, progress=False, calibrated=False, n_ctx=wl.n_ctx)
     return build_context(path, acc, wl, profile=prof, threads=1, progress=False)
@@ -39,20 +41,26 @@ def _context(path: Path, acc: str | None, parallel: int, fa: str = "off", contex
     ({"parallel": 0}, r"--parallel 0: llama.cpp holds 1 to 256"),
     ({"parallel": 300}, r"--parallel 300: llama.cpp holds 1 to 256"),
     ({"parallel": 4, "context": 1024}, r"--ctx 1024: .* need 300 tokens of context in each of 4 sequences \(256 cells"),
-], ids=["np0", "np300", "np4-ctx1024"])
+    ({"parallel": 4, "context": 1024, "kv_unified": True}, r"--ctx 1024: the workload's 4 sequences need 1200 cells "
+     r"of the unified KV cache \(1024\)"),
+], ids=["np0", "np300", "np4-ctx1024", "np4-ctx1024-unified"])
 def test_a_workload_refuses_what_llama_cpp_cannot_hold(fields: dict[str, int], message: str) -> None:
     with pytest.raises(PlanError, match=message):
         Workload(prompt=200, gen=100, **fields)
 
 
-@pytest.mark.parametrize(("parallel", "context"), [(1, 1000), (3, 1000), (4, None), (5, 3000)],
-                         ids=["np1-ctx1000", "np3-ctx1000", "np4-default", "np5-ctx3000"])
-def test_the_context_is_sized_as_llama_cpp_sizes_it(parallel: int, context: int | None, tiny: Path) -> None:
+@pytest.mark.parametrize(("parallel", "context", "unified"),
+                         [(1, 1000, False), (3, 1000, False), (4, None, False), (5, 3000, False), (3, 1000, True),
+                          (5, 3000, True)],
+                         ids=["np1-ctx1000", "np3-ctx1000", "np4-default", "np5-ctx3000", "np3-ctx1000-unified",
+                              "np5-ctx3000-unified"])
+def test_the_context_is_sized_as_llama_cpp_sizes_it(parallel: int, context: int | None, unified: bool,
+                                                    tiny: Path) -> None:
     """The workload's n_ctx and per-sequence cells are what llama.cpp makes of -c and -np (each
-    stream padded to 256 cells), read from a real load."""
-    wl = Workload(prompt=40, gen=8, parallel=parallel, context=context)
+    stream padded to 256 cells; one unified stream padded as a whole), read from a real load."""
+    wl = Workload(prompt=40, gen=8, parallel=parallel, context=context, kv_unified=unified)
     with contextlib.closing(Llama(str(tiny), n_ctx=wl.n_ctx if context is None else context, n_threads=1,
-                                  verbose=False, n_seq_max=parallel, kv_unified=False)) as llm:
+                                  verbose=False, n_seq_max=parallel, kv_unified=unified)) as llm:
         assert (llama_cpp.llama_n_ctx(llm.ctx), llama_cpp.llama_n_ctx_seq(llm.ctx)) == (wl.n_ctx, wl.n_ctx_seq)
         assert llama_cpp.llama_n_seq_max(llm.ctx) == parallel
 
@@ -79,6 +87,32 @@ def test_a_decode_pass_carries_one_token_of_each_sequence_over_its_stream(fa: st
     assert sum(ctx.kv_bytes.values()) == loaded
 
 
+@pytest.mark.parametrize("fa", ["off", "on"])
+def test_sequences_in_one_unified_stream_attend_over_every_sequence_s_cells(fa: str, tiny: Path) -> None:
+    """With a unified KV cache the decode pass of 4 sequences after 100 tokens each is one stream of
+    4 query rows over the cells of all four (400 used: 512, where a stream of its own would span 256),
+    as a real decode's nodes show; the KV cache's bytes are a real unified load's."""
+    ctx = _context(tiny, None, 4, fa, unified=True, prompt=100)
+    att = "FLASH_ATTN_EXT" if fa == "on" else "SOFT_MAX"
+    dec = next(tuple(nd.ne) for nd in ctx.passes[4].graph.nodes if nd.op == att)
+    # flash attention's result [Dv, n_head, rows, streams]; soft_max's scores [n_kv, rows, n_head, streams]
+    assert (dec[2 if fa == "on" else 1], dec[3]) == (4, 1)
+    assert ctx.workload.pass_kv()[4] == 512 and _context(tiny, None, 4, fa, prompt=100).workload.pass_kv()[4] == 256
+    with contextlib.closing(Llama(str(tiny), n_ctx=ctx.workload.n_ctx, n_ubatch=128, n_batch=128, n_threads=1,
+                                  verbose=False, flash_attn=fa == "on", n_seq_max=4, kv_unified=True)) as llm:
+        loaded = sum(int(m.context) for m in _core.memory(llm.native_context) if m.device == "CPU")
+        toks = prompt_tokens(llm, 100)
+        with contextlib.closing(SeqBatch(128)) as b:
+            for s in range(4):
+                b.decode(llm, [(t, i, s, i == 99) for i, t in enumerate(toks)])
+            with _core.NodeTimer(llm.native_context) as timer:
+                b.decode(llm, [(toks[0], 100, s, True) for s in range(4)])
+                kq = [r.ne for r in timer.times() if r.op == "SOFT_MAX"]
+                fa_kv = [r.src_ne[1][1] for r in timer.times() if r.op == "FLASH_ATTN_EXT"]
+    assert (kq[0][0] if kq else fa_kv[0]) == 512  # the cells the real pass spans
+    assert sum(ctx.kv_bytes.values()) == loaded
+
+
 def test_sequences_decoded_together_generate_what_one_does(tiny: Path) -> None:
     """timed_parallel's sequences of one prompt each generate the one-sequence greedy tokens."""
     with contextlib.closing(Llama(str(tiny), n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=1, verbose=False,
@@ -98,16 +132,17 @@ def own_server() -> Any:
         yield server
 
 
-@pytest.mark.parametrize(("parallel", "fa"), [(4, "on"), (3, "off")], ids=["np4-fa-on", "np3-fa-off"])
-def test_a_plan_for_several_sequences_is_what_oallama_and_the_stock_server_load(parallel: int, fa: str, tiny: Path,
-                                                                               own_server: rpc.RpcServer,
+@pytest.mark.parametrize(("parallel", "fa", "unified"), [(4, "on", False), (3, "off", False), (4, "off", True)],
+                         ids=["np4-fa-on", "np3-fa-off", "np4-unified"])
+def test_a_plan_for_several_sequences_is_what_oallama_and_the_stock_server_load(parallel: int, fa: str, unified: bool,
+                                                                               tiny: Path, own_server: rpc.RpcServer,
                                                                                tmp_path: Path) -> None:
     """Every layer on the rpc-server: oallama's load of the plan holds the plan's sequences and
     bytes there (and refuses another n_seq_max); the emitted command pins -np and a KV stream per
-    sequence, and llama-server's log shows that context and the plan's bytes."""
-    ctx = _context(tiny, own_server.device_name, parallel, fa)
+    sequence (or one for all), and llama-server's log shows that context and the plan's bytes."""
+    ctx = _context(tiny, own_server.device_name, parallel, fa, unified=unified)
     plan = make_plan(ctx, "layers", "256MiB")
-    assert plan.settings["n_seq_max"] == parallel and plan.settings["kv_unified"] is False
+    assert plan.settings["n_seq_max"] == parallel and plan.settings["kv_unified"] is unified
     path = str(plan.save(tmp_path / "plan.json"))
     kw: dict[str, Any] = {"n_ctx": ctx.workload.n_ctx, "n_batch": 64, "n_ubatch": 64, "n_threads": 1, "verbose": False}
     with contextlib.closing(Llama(str(tiny), placement=path, **kw)) as llm:
@@ -118,7 +153,7 @@ def test_a_plan_for_several_sequences_is_what_oallama_and_the_stock_server_load(
     with pytest.raises(PlanError, match=rf"n_seq_max=1 conflicts with the plan's n_seq_max={parallel}"):
         Llama(str(tiny), placement=path, n_seq_max=1, **kw)
     cmd = plan.stock_command()
-    assert cmd[cmd.index("-np") + 1] == str(parallel) and "--no-kv-unified" in cmd
+    assert cmd[cmd.index("-np") + 1] == str(parallel) and ("--kv-unified" if unified else "--no-kv-unified") in cmd
     log = tmp_path / "llama-server.log"
     with rpc.start_server(threads=1) as other:  # a fresh rpc-server: one serves one client at a time
         args = [a.replace(own_server.endpoint, other.endpoint) for a in cmd[1:]]

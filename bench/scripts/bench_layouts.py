@@ -50,8 +50,8 @@ def _worker(spec_path: str) -> int:
     t0 = time.perf_counter()
     kw: dict[str, Any] = {"placement": spec["plan"]} if spec.get("plan") else {}
     np_ = int(spec.get("parallel", 1))
-    if np_ > 1:  # llama-server's slots given -np: a KV stream each
-        kw |= {"n_seq_max": np_, "kv_unified": False}
+    if np_ > 1:  # llama-server's slots given -np: a KV stream each, or one for all (`u`)
+        kw |= {"n_seq_max": np_, "kv_unified": bool(spec.get("kv_unified"))}
     llm = Llama(spec["model"], n_ctx=spec["n_ctx"], n_threads=spec["threads"], n_threads_batch=spec["threads"],
                 verbose=False, **kw)
     load_s = time.perf_counter() - t0
@@ -103,22 +103,33 @@ def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path) -> d
 
 
 def _tag(wl: Any) -> str:
-    """A workload's name in file names: p<prompt>-g<gen>[-np<parallel>]."""
-    return f"p{wl.prompt}-g{wl.gen}" + (f"-np{wl.parallel}" if wl.parallel > 1 else "")
+    """A workload's name in file names: p<prompt>-g<gen>[-np<parallel>[u]]."""
+    return _name(wl.prompt, wl.gen, wl.parallel, wl.unified)
+
+
+def _name(prompt: int, gen: int, parallel: int, unified: bool) -> str:
+    return f"p{prompt}-g{gen}" + (f"-np{parallel}{'u' if unified else ''}" if parallel > 1 else "")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", type=Path, nargs="?")
-    ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen[:parallel], comma-separated")
+    ap.add_argument("--workloads", default="512:32,64:128", help="prompt:gen[:parallel[u]], comma-separated (u: the "
+                    "sequences in one unified KV stream)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
     ap.add_argument("--host-budget", default="200%", help="host memory for weights of the dual-layout plan")
     ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-layouts"))
+    ap.add_argument("--report", action="store_true", help="only write the summaries again from OUT/runs/")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return _worker(args.worker)
+    if args.report:
+        from oallama.planner.cost.profile import build_info
+
+        _write(args.out, _rows_from_runs(args.out), args, build_info())
+        return 0
     if args.model is None:
         ap.error("the model is required")
 
@@ -129,8 +140,9 @@ def main() -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for wl in args.workloads.split(","):
-        prompt, gen, *rest = (int(x) for x in wl.split(":"))
-        work = Workload(prompt=prompt, gen=gen, parallel=rest[0] if rest else 1)
+        prompt_s, gen_s, *rest = wl.split(":")
+        prompt, gen, par = int(prompt_s), int(gen_s), rest[0] if rest else "1"
+        work = Workload(prompt=prompt, gen=gen, parallel=int(par.removesuffix("u")), kv_unified=par.endswith("u"))
         plans = _plans(args.model, work, args.threads, args.host_budget, out)
         n_ctx = work.n_ctx
         names = list(plans)
@@ -139,7 +151,8 @@ def main() -> int:
             for name in order:
                 res = out / "runs" / f"{_tag(work)}-{name}-r{rep}.json"
                 spec = {"model": str(args.model), "plan": str(plans[name]) if plans[name] else None, "prompt": prompt,
-                        "gen": gen, "parallel": work.parallel, "threads": args.threads, "n_ctx": n_ctx,
+                        "gen": gen, "parallel": work.parallel, "kv_unified": work.unified, "threads": args.threads,
+                        "n_ctx": n_ctx,
                         "result": str(res)}
                 spec_path = res.with_suffix(".spec.json")
                 spec_path.write_text(json.dumps(spec))
@@ -147,10 +160,28 @@ def main() -> int:
                       f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
                 subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], check=True)
                 r = json.loads(res.read_text())
-                rows.append({"prompt": prompt, "gen": gen, "parallel": work.parallel, "placement": name, "round": rep,
-                             **r})
+                rows.append({"prompt": prompt, "gen": gen, "parallel": work.parallel, "kv_unified": work.unified,
+                             "placement": name, "round": rep, **r})
     _write(out, rows, args, build_info())
     return 0
+
+
+def _rows_from_runs(out: Path) -> list[dict[str, Any]]:
+    """The rows of every finished run in OUT/runs/ (its spec beside its result; the placement and
+    round from the file's name: <tag>-<placement>-r<round>.json)."""
+    rows = []
+    for spec_path in sorted((out / "runs").glob("*.spec.json")):
+        spec = json.loads(spec_path.read_text())
+        res = Path(spec["result"])
+        if not res.exists():
+            continue
+        tag = _name(spec["prompt"], spec["gen"], spec["parallel"], bool(spec.get("kv_unified")))
+        stem = res.name.removesuffix(".json")
+        name, rep = stem[len(tag) + 1:].rsplit("-r", 1)
+        rows.append({"prompt": spec["prompt"], "gen": spec["gen"], "parallel": spec["parallel"],
+                     "kv_unified": bool(spec.get("kv_unified")), "placement": name, "round": int(rep),
+                     **json.loads(res.read_text())})
+    return rows
 
 
 def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, build: dict[str, Any]) -> None:
@@ -158,15 +189,16 @@ def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, buil
 
     commit = git_commit(short=True)
     summary: list[dict[str, Any]] = []
-    def key(r: dict[str, Any]) -> tuple[int, int, int, str]:
-        return r["prompt"], r["gen"], r.get("parallel", 1), r["placement"]
+    def key(r: dict[str, Any]) -> tuple[int, int, int, bool, str]:
+        return r["prompt"], r["gen"], r.get("parallel", 1), bool(r.get("kv_unified")), r["placement"]
 
-    for (prompt, gen, np_, name) in dict.fromkeys(key(r) for r in rows):
-        rs = [r for r in rows if key(r) == (prompt, gen, np_, name)]
-        tag = f"p{prompt}-g{gen}" + (f"-np{np_}" if np_ > 1 else "")
+    for (prompt, gen, np_, unified, name) in dict.fromkeys(key(r) for r in rows):
+        rs = [r for r in rows if key(r) == (prompt, gen, np_, unified, name)]
+        tag = _name(prompt, gen, np_, unified)
         plan_path = out / "plans" / f"{tag}-{name}.json"
         pred = json.loads(plan_path.read_text())["predicted"] if plan_path.exists() else {}
-        s: dict[str, Any] = {"prompt": prompt, "gen": gen, "parallel": np_, "placement": name, "n": len(rs),
+        s: dict[str, Any] = {"prompt": prompt, "gen": gen, "parallel": np_, "kv_unified": unified, "placement": name,
+                             "n": len(rs),
                              "buffer_types": rs[0]["buffer_types"], "tokens_sha": sorted({r["tokens_sha"] for r in rs}),
                              "host_peak_mib": max(r["host_peak_bytes"] for r in rs) / 2**20,
                              "load_avg_max": max(r["load_avg_after"] for r in rs)}
@@ -192,18 +224,18 @@ def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, buil
           "| prompt:gen:parallel | placement | layouts (weights) | TTFT ms (pred) | TPOT ms (pred) | e2e ms (pred) | "
           "TTFT x | TPOT x | e2e x | host peak MiB | load max |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        base = next(b for b in summary if key(b) == (*key(s)[:3], "default"))
+        base = next(b for b in summary if key(b) == (*key(s)[:4], "default"))
         lay = ", ".join(f"{n} {k}" for k, n in sorted(s["buffer_types"].items()))
 
         def cell(k: str, s: dict[str, Any] = s) -> str:
             p = s["predicted_" + k]
             return f"{s[k]:.0f} ± {s[k.replace('_ms', '_stdev_ms')]:.0f} ({p:.0f})" if p else f"{s[k]:.0f}"
 
-        md.append(f"| {s['prompt']}:{s['gen']}:{s['parallel']} | {s['placement']} | {lay} | {cell('ttft_ms')} | {cell('tpot_ms')} | "
+        md.append(f"| {s['prompt']}:{s['gen']}:{s['parallel']}{'u' if s.get('kv_unified') else ''} | {s['placement']} | {lay} | {cell('ttft_ms')} | {cell('tpot_ms')} | "
                   f"{cell('e2e_ms')} | {base['ttft_ms'] / s['ttft_ms']:.2f} | {base['tpot_ms'] / s['tpot_ms']:.2f} | "
                   f"{base['e2e_ms'] / s['e2e_ms']:.2f} | {s['host_peak_mib']:.0f} | {s['load_avg_max']:.2f} |")
     md += ["", "x: llama.cpp's default time / this placement's (above 1: faster). Greedy tokens per placement "
-           "(hash): " + "; ".join(f"{s['prompt']}:{s['gen']}:{s['parallel']} {s['placement']} {','.join(s['tokens_sha'])}"
+           "(hash): " + "; ".join(f"{s['prompt']}:{s['gen']}:{s['parallel']}{'u' if s.get('kv_unified') else ''} {s['placement']} {','.join(s['tokens_sha'])}"
                                   for s in summary)]
     (out / "layouts.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -76,9 +76,11 @@ class Workload:
 
     The prompts run one sequence at a time, in ubatches of n_ubatch tokens; then each decode pass
     carries one token of every sequence (`decode` tokens). With several sequences each has a KV
-    stream of its own, n_ctx / parallel cells, as llama-server keeps them when given -np
-    (kv_unified off). TTFT is one sequence's prompt, TPOT one decode pass, and e2e the whole
-    workload: every prompt, then gen - 1 decode passes."""
+    stream of its own, n_ctx / parallel cells, as llama-server keeps them when given -np; or, with
+    `kv_unified` (llama-server's default when it picks its slots itself), all share one stream of
+    n_ctx cells, which every pass's attention spans (the other sequences' cells masked). TTFT is one
+    sequence's prompt, TPOT one decode pass, and e2e the whole workload: every prompt, then gen - 1
+    decode passes."""
 
     prompt: int = option(512, help="prompt tokens of the workload (of each sequence)")
     gen: int = option(128, help="generated tokens of the workload (of each sequence)")
@@ -95,6 +97,8 @@ class Workload:
     parallel: int = option(1, short="-np", help="sequences decoded together (llama.cpp's -np, llama-server's slots): "
                            "each has its own prompt, generation and KV stream of n_ctx / parallel cells",
                            minimum=1)
+    kv_unified: bool = option(False, help="the sequences share one KV stream of n_ctx cells (llama.cpp's "
+                              "--kv-unified, llama-server's default when it picks its slots itself)")
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -108,6 +112,9 @@ class Workload:
             raise PlanError(f"--ubatch {self.n_ubatch}: a decode pass of {self.parallel} sequences needs at least "
                             f"{self.parallel} tokens")
         kvcache.check(self.flash_attn, self.cache_type_k, self.cache_type_v)
+        if self.context is not None and self.unified and self.n_ctx < self.parallel * (self.prompt + self.gen):
+            raise PlanError(f"--ctx {self.context}: the workload's {self.parallel} sequences need "
+                            f"{self.parallel * (self.prompt + self.gen)} cells of the unified KV cache ({self.n_ctx})")
         if self.context is not None and self.n_ctx_seq < self.prompt + self.gen:
             each = f" in each of {self.parallel} sequences ({self.n_ctx_seq} cells each)" if self.parallel > 1 else ""
             raise PlanError(f"--ctx {self.context}: the workload's prompt and generation need {self.prompt + self.gen} "
@@ -124,17 +131,22 @@ class Workload:
         return self.parallel
 
     @property
+    def unified(self) -> bool:
+        """Several sequences in one KV stream (`kv_unified`; with one sequence there is one anyway)."""
+        return self.kv_unified and self.parallel > 1
+
+    @property
     def n_ctx(self) -> int:
         """The context size (tokens, every sequence's cells) as llama.cpp sizes it: `context` (or
-        parallel x (prompt + gen), each rounded up to 256) padded to 256, then each sequence's
-        stream padded to 256 and n_ctx their sum."""
-        given = self.context or self.parallel * max(256, _pad256(self.prompt + self.gen))
-        return _pad256(_pad256(given) // self.parallel) * self.parallel
+        parallel x (prompt + gen), each rounded up to 256) padded to 256, then (one stream per
+        sequence) each sequence's stream padded to 256 and n_ctx their sum."""
+        given = _pad256(self.context or self.parallel * max(256, _pad256(self.prompt + self.gen)))
+        return given if self.unified else _pad256(given // self.parallel) * self.parallel
 
     @property
     def n_ctx_seq(self) -> int:
-        """The cells of one sequence's KV stream."""
-        return self.n_ctx // self.parallel
+        """The cells a sequence's attention spans: its own stream's, or the unified stream's."""
+        return self.n_ctx if self.unified else self.n_ctx // self.parallel
 
     def passes(self) -> list[tuple[int, int]]:
         """The passes of one sequence as (n_tokens, cells of its stream before it): its prompt's
@@ -161,11 +173,23 @@ class Workload:
     def pass_kv(self) -> dict[int, int]:
         """n_tokens -> the KV length its passes attend over (tokens of one stream). llama.cpp pads
         the KV view to 256 cells: n_kv = min(n_ctx_seq, max(256, pad256(cells used))). Passes of
-        one size at several lengths get their mean, padded (attention is linear in it)."""
+        one size at several lengths get their mean, padded (attention is linear in it). In a unified
+        stream the cells used are every sequence's: a decode pass after pos tokens of each spans
+        parallel x (pos + 1), a prompt those of the prompts before it too (on average half the
+        other sequences')."""
         def pad(used: float) -> int:
             return min(self.n_ctx_seq, max(256, _pad256(used)))
 
-        return {n: pad(v) for n, v in self._mean_by_size(lambda n, pos: pad(pos + n)).items()}
+        seen: dict[int, list[int]] = {}
+        for n, pos in self.passes():
+            if not self.unified:
+                used = pos + self._per_seq(n)
+            elif n == self.decode:  # one token of every sequence
+                used = self.parallel * (pos + 1)
+            else:
+                used = pos + n + (self.parallel - 1) * self.prompt // 2
+            seen.setdefault(n, []).append(pad(used))
+        return {n: pad(sum(v) / len(v)) for n, v in seen.items()}
 
     def pass_attended(self) -> dict[int, float]:
         """n_tokens -> the KV cells a token of that pass attends to (mean over its tokens and its
@@ -193,7 +217,7 @@ class Workload:
 
     def sequences(self) -> dict[str, Any]:
         """llama.cpp's context parameters for the sequences (n_seq_max, kv_unified)."""
-        return {"n_seq_max": self.parallel, "kv_unified": False}
+        return {"n_seq_max": self.parallel, "kv_unified": self.unified}
 
 
 @dataclass
@@ -302,13 +326,15 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     base: dict[tuple[int, int], Graph] = {}  # (n_tokens, n_kv) -> graph, all weights on the host
     offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
     kept: set[str] = set()  # weights every layer offloaded would put on the accelerator, which its loader keeps
+    unified = workload.unified  # one KV stream of n_kv cells, whatever the sequences
 
     def build(n_kv: int, want: list[int], seqs: int) -> None:
         """Graphs of `want` token counts over KV streams of n_kv cells, in a context of `seqs`
         sequences (a one-sequence pass in its own: llama.cpp reserves a graph over every stream)."""
         nonlocal kept
         for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)) if acc_name else ((0, base),):
-            with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv * seqs, "n_seq_max": seqs,
+            with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv * (1 if unified else seqs),
+                                                                  "n_seq_max": seqs,
                                                                   "n_ubatch": max(*want, seqs)}) as s:
                 out.update({(n, n_kv): s.graph(n, seqs, seqs) for n in want})
                 if n_gpu_layers:

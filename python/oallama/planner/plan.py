@@ -162,7 +162,8 @@ class Plan:
         placement to fill device memory), 4 slots, 2048/512-token batches, its thread count, none of
         which the plan costed. Flash attention as the plan resolved it (an `auto` workload's result),
         the KV cache's types, and the workload's sequences: `-np N` slots, each with a KV stream of
-        its own (`--no-kv-unified`, llama-server's default for a given -np, said)."""
+        its own (`--no-kv-unified`, llama-server's default for a given -np, said) or all in one
+        (`--kv-unified`)."""
         s = self.settings
         args: list[str] = []
         if s.get("n_ctx"):
@@ -173,7 +174,8 @@ class Plan:
         # default (and so the plan's bytes) has it; llama-server's own keeps the window only
         args += ["-fa", "on" if s.get("flash_attn") else "off", "-ctk", str(s.get("type_k", "f16")),
                  "-ctv", str(s.get("type_v", "f16")), "--swa-full", "-np", str(s.get("n_seq_max", 1)),
-                 *(["--no-kv-unified"] if int(s.get("n_seq_max", 1)) > 1 else []), "--fit", "off"]
+                 *([("--kv-unified" if s.get("kv_unified") else "--no-kv-unified")] if int(s.get("n_seq_max", 1)) > 1
+                   else []), "--fit", "off"]
         if s.get("threads"):
             args += ["-t", str(s["threads"]), "-tb", str(s["threads"])]
         if s.get("op_offload") is False and not self.streams_nothing():  # else emit_args says it

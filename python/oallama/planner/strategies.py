@@ -308,7 +308,8 @@ class Fit:
         n_ubatch = ctx.workload.n_ubatch
         att = ctx.attention()
         r = _core.fit_params(str(ctx.model.path), [ctx.acc], [margin], ctx.workload.n_ctx, n_ubatch, n_ubatch,
-                             int(att["flash_attn"]), att["type_k"], att["type_v"], ctx.workload.parallel, False)
+                             int(att["flash_attn"]), att["type_k"], att["type_v"], ctx.workload.parallel,
+                             ctx.workload.unified)
         ngl = r.n_gpu_layers if r.n_gpu_layers >= 0 else ctx.n_layer + 1
         raw = list(r.overrides)
         # where llama.cpp puts the weights with these parameters, read from a metadata-only load

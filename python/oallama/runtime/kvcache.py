@@ -64,10 +64,12 @@ def cache_type_name(type_id: int) -> str:
 
 def workload_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """A workload's attention fields (flash_attn, cache_type_k, cache_type_v) and sequences
-    (parallel: oallama.Llama's n_seq_max) from Llama's keywords, for those given."""
+    (parallel, kv_unified: oallama.Llama's n_seq_max, kv_unified) from Llama's keywords, for those given."""
     out: dict[str, Any] = {}
     if kwargs.get("n_seq_max") is not None:
         out["parallel"] = kwargs["n_seq_max"]
+    if kwargs.get("kv_unified") is not None:
+        out["kv_unified"] = bool(kwargs["kv_unified"])
     if kwargs.get("flash_attn") is not None:
         out["flash_attn"] = "on" if kwargs["flash_attn"] else "off"
     for k in ("k", "v"):

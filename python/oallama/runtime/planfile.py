@@ -118,7 +118,7 @@ def operator_plan_request(doc: dict[str, Any]) -> LoadRequest:
     s = doc.get("settings") or {}
     attention = (kvcache.llama_kwargs(bool(s["flash_attn"]), str(s.get("type_k", "f16")), str(s.get("type_v", "f16")))
                  if "flash_attn" in s else None)
-    if int(s.get("n_seq_max", 1)) > 1:  # a plan for several sequences: one KV stream each, as planned
+    if int(s.get("n_seq_max", 1)) > 1:  # a plan for several sequences: their KV streams as planned
         attention = {**(attention or {}), "n_seq_max": int(s["n_seq_max"]), "kv_unified": bool(s.get("kv_unified"))}
     if mode == "fit":
         raw = [(str(a), str(b)) for a, b in doc.get("overrides") or []]
