@@ -11,10 +11,11 @@ import pytest
 from oallama.errors import PlanError
 from oallama.model import gguf_file, synthetic
 from oallama.planner import plan as planmod
-from oallama.planner.cost import devicemodel
+from oallama.planner.cost import attnspan, devicemodel
 from oallama.planner.cost import measure as measuremod
 from oallama.planner.cost import profile as profilemod
 from oallama.planner.graph import target_ops
+from oallama.runtime import kvcache
 from oallama.runtime import llama as llamamod
 from oallama.runtime.planfile import ConfirmOptions
 
@@ -153,3 +154,52 @@ def test_the_reference_s_layer_weights_are_kept_at_every_column_count(
                 keys = {profilemod.Profile.op_key(op.op, op.weight_type, op.weight_shape, n)
                         for n in profilemod.DEFAULT_TOKENS}
                 assert keys <= dm.matmuls["ops"]["CPU"].keys(), op.weight
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
+def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny_q8: Path, flash_attn: bool) -> None:
+    """The spans timed at two KV lengths: per layer and pass (a 128-token prompt, a decode), the run of
+    nodes whose work grows with the cache -- KQ, softmax, KQV; flash attention's one node -- found in the
+    real graph, each timed at both lengths."""
+    spans = attnspan.measure(tiny_q8, ["CPU"], threads=1, attention=kvcache.llama_kwargs(flash_attn, "f16", "f16"),
+                             reps=1)
+    n_layer = int(gguf_file.check_model(tiny_q8).hparam("block_count"))
+    want = ["FLASH_ATTN_EXT"] if flash_attn else ["MUL_MAT", "SOFT_MAX", "MUL_MAT"]
+    for n in (attnspan.PROMPT_TOKENS, 1):
+        got = [s for s in spans if s["n_tokens"] == n]
+        assert len(got) == n_layer, n
+        for s in got:
+            assert [op for op, _, _ in s["nodes"]] == want and s["device"] == "CPU" and s["load"] == "host"
+            assert all(wl > ws for _, ws, wl in s["nodes"])
+            assert s["short_us"] > 0 and s["long_us"] > 0
+
+
+def test_the_span_factors_recover_known_growth_and_scale_each_pass_kind_s_slopes() -> None:
+    """Synthetic spans whose growth is 3x the calibration's lines at decode and 0.5x at prompts: the
+    factors come back, and the device model's decode attention costs 3x its slope, its prompts 0.5x,
+    every other op as fitted."""
+    lines = {"MUL_MAT": {"a_us": 20.0, "b_us": 1e-5, "n": 8}, "SOFT_MAX": {"a_us": 2.0, "b_us": 1e-4, "n": 4},
+             "ADD": {"a_us": 1.0, "b_us": 1e-6, "n": 9}}
+    dm = devicemodel.DeviceModel(
+        "k", ["CPU"], {"CPU": {"node_overhead_us": 1.0, "matmul_scale": 1.0, "ops": lines}},
+        {"pass_a_us": 0.0, "pass_b_us": 0.0, "decode_us": 0.0, "sample_us_per_id": 0.0}, {}, {}, {"model": "ref"})
+    cal = dm.calibration(["CPU"], vocab=0)
+    dc = cal.devices["CPU"]
+
+    def span(n: int, ratio: float, scale: float) -> dict[str, Any]:
+        nodes = [["MUL_MAT", 1e6 * scale, 9e6 * scale], ["SOFT_MAX", 1e4 * scale, 9e4 * scale],
+                 ["ADD", 5e3, 5e3], ["MUL_MAT", 2e6 * scale, 8e6 * scale]]
+        short = sum(dc.node_time_us(op, ws, n) for op, ws, _ in nodes)
+        grow = sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in nodes)
+        return {"n_tokens": n, "device": "CPU", "nodes": nodes, "short_us": short, "long_us": short + ratio * grow}
+
+    got = attnspan.factors(cal, [span(1, 3.0, 1.0), span(1, 3.0, 2.0), span(128, 0.5, 50.0)])
+    assert got["CPU"]["1"]["factor"] == pytest.approx(3.0) and got["CPU"]["n"]["factor"] == pytest.approx(0.5)
+    assert got["CPU"]["1"]["kinds"] == ["MUL_MAT", "SOFT_MAX"]
+    dm.attention = {"factors": got}
+    scaled = devicemodel.DeviceModel.from_json(dm.to_json()).calibration(["CPU"], vocab=0).devices["CPU"]
+    w = 4e6
+    assert scaled.node_time_us("MUL_MAT", w, 1) == pytest.approx(20.0 + 3.0 * 1e-5 * w)
+    assert scaled.node_time_us("SOFT_MAX", w, 1) == pytest.approx(2.0 + 3.0 * 1e-4 * w)
+    assert scaled.node_time_us("MUL_MAT", w, 128) == pytest.approx(20.0 + 0.5 * 1e-5 * w)
+    assert scaled.node_time_us("ADD", w, 1) == scaled.node_time_us("ADD", w, 128) == pytest.approx(1.0 + 1e-6 * w)

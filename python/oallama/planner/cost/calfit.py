@@ -126,11 +126,18 @@ class DeviceCalibration:
         a little worse (bench/results/2026-11-26-vm-refit-ablation)."""
         return self.matmul_scale * interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
 
+    def line(self, op: str, n_tokens: int | None = None) -> OpFit | None:
+        """The line an op's node takes in a pass of n_tokens: a one-token pass's own where the kind has
+        one ("<op>:1": flash attention's fit apart, `op_key`; a device model's attention scaled for
+        decode, attnspan.py), else the kind's; an op kind not seen: "*" for one whose work is bytes,
+        the attention matmuls' line for one in multiply-adds."""
+        one = self.ops.get(f"{op}:1") if n_tokens == 1 else None
+        return one or self.ops.get(op) or self.ops.get("*" if byte_work(op) else "MUL_MAT")
+
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
-        # an op kind not seen: "*" for one whose work is bytes, the attention matmuls' line for one in multiply-adds
-        f = self.ops.get(op_key(op, n_tokens)) or self.ops.get(op) or self.ops.get("*" if byte_work(op) else "MUL_MAT")
+        f = self.line(op, n_tokens)
         return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
 
 

@@ -1,0 +1,178 @@
+"""Attention's growth with the KV cache, from spans of the real graph timed whole at two KV
+lengths: the device model's attention term (devicemodel.py).
+
+A calibration fits each op kind's line through node-by-node times, each node timed alone less
+what timing a node alone adds (calfit.node_overhead_us). For a model's own passes the split
+totals (anchors) absorb that subtraction's noise; a device model carries the lines to other
+models, whose attention weighs more, and carries the noise with them: two characterisations of
+this VM's CPU (2 threads) put the attention matmuls at 1.11e-5 and 2.16e-5 us per multiply-add,
+and Gemma 3's 2048-token TTFT at 3.9 s against 2.5 s measured
+(bench/results/2026-11-26-vm-heldout-devicemodel-v4).
+
+The same pass over a short and a long KV cache differs only in the nodes whose work grows with
+the cache (KQ, softmax, KQV; flash attention's one node). Each layer's run of them is timed as
+one span (a stop before it and one at its end: nothing synchronised inside), at both lengths,
+short-long-short; the spans' growth, measured against the growth the calibration's lines give,
+is one factor per device and pass kind (a decode pass, "1"; a prompt pass, "n") on those kinds'
+slopes (`factors`; applied by devicemodel.DeviceModel.calibration). The per-node overhead is in
+both lengths' spans alike and cancels.
+
+  measure   the spans of a decode pass and of a prompt pass in the reference's host load and,
+            with an accelerator, in its accelerator load
+  factors   per device and pass kind: measured growth / modelled growth, and the kinds it scales
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ... import _core
+from ...errors import OallamaError, ProfileError
+from .calfit import Calibration, work
+from .realpass import VIEW_OPS, layers_that_fit, timed_eval
+
+LONG_PAST = 1024  # KV cells before the long passes
+SHORT_DECODE_PAST = 32  # ... before the short decode pass (a short prompt pass: none)
+PROMPT_TOKENS = 128  # tokens of the prompt pass
+REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
+
+
+def pass_kind(n_tokens: int | None) -> str:
+    """A pass's kind for the factors: "1" a one-token (decode) pass, "n" a prompt pass."""
+    return "1" if n_tokens == 1 else "n"
+
+
+def _works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
+    cells = n_past + (n_tokens + 1) / 2  # the mean token's attended cells (flash attention)
+    return [work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=cells) for r in nodes]
+
+
+def spans(short: Sequence[_core.NodeTime], long: Sequence[_core.NodeTime], n_tokens: int, short_past: int,
+          long_past: int) -> list[tuple[int, int]]:
+    """(first, last) node positions of each run of nodes whose work grows with the KV cache (views
+    between them aside; a layer's KQ, softmax and KQV, or its flash attention node) on one device:
+    the same pass after short_past and after long_past cells, node by node."""
+    if [r.op for r in short] != [r.op for r in long]:
+        raise ProfileError("attention spans: the pass's graph differs between the two KV lengths")
+    ws, wl = _works(short, n_tokens, short_past), _works(long, n_tokens, long_past)
+    out: list[tuple[int, int]] = []
+    first = last = -1
+    for k, r in enumerate(short):
+        if r.op in VIEW_OPS:
+            continue
+        if wl[k] > ws[k] and first >= 0 and r.device == short[last].device:
+            last = k
+            continue
+        if first > 0:
+            out.append((first, last))
+        first = last = k if wl[k] > ws[k] else -1
+    if first > 0:
+        out.append((first, last))
+    return out
+
+
+def _time(llm: Any, tokens: list[int], n: int, n_past: int, stops: list[int], reps: int) -> list[list[float]]:
+    """reps runs of the pass of n tokens after n_past, stopped at `stops`: per run, the range of each
+    stop (us)."""
+    prefix, toks = tokens[:n_past], tokens[n_past:n_past + n]
+    with _core.NodeTimer(llm.native_context) as timer:
+        runs = [timed_eval(llm, timer, prefix, toks, stops) for _ in range(reps)]
+    return [[r.nodes[k].range_us for k in stops] for r in runs]
+
+
+def _nodes(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.NodeTime]:
+    """The pass's nodes, run node by node (also its warm-up: graph built, buffers allocated)."""
+    with _core.NodeTimer(llm.native_context) as timer:
+        return list(timed_eval(llm, timer, tokens[:n_past], tokens[n_past:n_past + n], []).nodes)
+
+
+def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dict[str, Any]]:
+    passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
+    # node lists and stops, short passes first (the long prefix is filled once, below)
+    plan: list[tuple[int, int, list[tuple[int, int]], list[_core.NodeTime], list[_core.NodeTime]]] = []
+    shorts = {n: _nodes(llm, tokens, n, past) for n, past in passes}
+    longs = {n: _nodes(llm, tokens, n, LONG_PAST) for n, _ in passes}
+    for n, past in passes:
+        plan.append((n, past, spans(shorts[n], longs[n], n, past, LONG_PAST), shorts[n], longs[n]))
+    times: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
+    for block, kv in (("short", None), ("long", LONG_PAST), ("short", None)):
+        for n, past, sp, _, _ in plan:
+            stops = sorted({k for a, b in sp for k in (a - 1, b)})
+            if sp:
+                times[(n, block)] += _time(llm, tokens, n, past if kv is None else kv, stops, reps)
+    out = []
+    for n, past, sp, short, long in plan:
+        if not sp:
+            continue
+        stops = sorted({k for a, b in sp for k in (a - 1, b)})
+        ws, wl = _works(short, n, past), _works(long, n, LONG_PAST)
+        for i, (a, b) in enumerate(sp):
+            col = stops.index(b)
+            nodes = [[short[k].op, ws[k], wl[k]] for k in range(a, b + 1) if short[k].op not in VIEW_OPS]
+            out.append({"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
+                        "device": short[b].device, "nodes": nodes,
+                        "short_us": statistics.median(r[col] for r in times[(n, "short")]),
+                        "long_us": statistics.median(r[col] for r in times[(n, "long")])})
+    return out
+
+
+def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: bool = True,
+            op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> list[dict[str, Any]]:
+    """The attention spans of `path` (the device model's reference) in a decode pass and a prompt
+    pass after a short and a long KV cache: its host load and, with an accelerator (devices: the CPU
+    first), the load with every layer that fits on it. Per span: its load, pass, device, non-view
+    nodes [op, work short, work long] and median times at both lengths (us)."""
+    from ...model import gguf_file
+    from ...runtime import devices as devmod
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
+
+    info = gguf_file.check_model(path)
+    n_layer = int(info.hparam("block_count", 0))
+    accs = [devmod.resolve(d) for d in devices if not devmod.resolve(d).is_host]
+    loads: list[tuple[str, dict[str, Any]]] = [("host", {"n_gpu_layers": 0, "op_offload": False})]
+    if accs:
+        loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
+                                      "op_offload": op_offload}))
+    n_ctx = -(-(LONG_PAST + PROMPT_TOKENS + 1) // 256) * 256
+    out: list[dict[str, Any]] = []
+    for what, kw in loads:
+        try:
+            llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=PROMPT_TOKENS,
+                        n_ubatch=PROMPT_TOKENS, n_threads=threads, n_threads_batch=threads, use_mmap=mmap,
+                        verbose=False, **attention, **kw)
+        except (OallamaError, ValueError, RuntimeError) as e:
+            raise ProfileError(f"attention spans: could not load {path} ({what} load): {e}") from None
+        try:
+            out += _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps)
+        finally:
+            llm.close()
+    return out
+
+
+def factors(cal: Calibration, measured: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per device and pass kind ("1", "n"): the spans' measured growth from the short to the long KV
+    cache over the growth `cal`'s lines give the same nodes ("factor"), the op kinds whose slopes it
+    scales ("kinds": those of the spans' nodes), and the two growths (us). A device or kind whose
+    growth is not positive both ways gets none."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for s in measured:
+        dc = cal.devices.get(s["device"])
+        if dc is None:
+            continue
+        key = (s["device"], pass_kind(s["n_tokens"]))
+        n = int(s["n_tokens"])
+        sums[key][0] += s["long_us"] - s["short_us"]
+        sums[key][1] += sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in s["nodes"])
+        kinds[key] |= {op for op, ws, wl in s["nodes"] if wl > ws}
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for (dev, kind), (m, f) in sums.items():
+        if m > 0 and f > 0:
+            out[dev][kind] = {"factor": m / f, "kinds": sorted(kinds[(dev, kind)]), "measured_us": m,
+                              "modelled_us": f}
+    return dict(out)
