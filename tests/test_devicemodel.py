@@ -174,32 +174,37 @@ def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny
             assert s["short_us"] > 0 and s["long_us"] > 0
 
 
-def test_the_span_factors_recover_known_growth_and_scale_each_pass_kind_s_slopes() -> None:
-    """Synthetic spans whose growth is 3x the calibration's lines at decode and 0.5x at prompts: the
-    factors come back, and the device model's decode attention costs 3x its slope, its prompts 0.5x,
-    every other op as fitted."""
+def test_the_span_factors_recover_known_lines_and_scale_each_pass_kind_s_attention() -> None:
+    """Synthetic spans timed as if the attention kinds' lines were 3x steeper with 0.5x the intercept at
+    decode, 0.5x as steep with 2x the intercept in prompts (plus a timed stop's node overhead): the
+    factors come back, and the device model costs decode and prompt attention by those lines, every
+    other op as fitted."""
     lines = {"MUL_MAT": {"a_us": 20.0, "b_us": 1e-5, "n": 8}, "SOFT_MAX": {"a_us": 2.0, "b_us": 1e-4, "n": 4},
              "ADD": {"a_us": 1.0, "b_us": 1e-6, "n": 9}}
     dm = devicemodel.DeviceModel(
-        "k", ["CPU"], {"CPU": {"node_overhead_us": 1.0, "matmul_scale": 1.0, "ops": lines}},
+        "k", ["CPU"], {"CPU": {"node_overhead_us": 4.0, "matmul_scale": 1.0, "ops": lines}},
         {"pass_a_us": 0.0, "pass_b_us": 0.0, "decode_us": 0.0, "sample_us_per_id": 0.0}, {}, {}, {"model": "ref"})
     cal = dm.calibration(["CPU"], vocab=0)
-    dc = cal.devices["CPU"]
 
-    def span(n: int, ratio: float, scale: float) -> dict[str, Any]:
+    def true_us(op: str, w: float, slope: float, icept: float) -> float:
+        f = lines[op]
+        return f["a_us"] + f["b_us"] * w if op == "ADD" else icept * f["a_us"] + slope * f["b_us"] * w
+
+    def span(n: int, slope: float, icept: float, scale: float) -> dict[str, Any]:
         nodes = [["MUL_MAT", 1e6 * scale, 9e6 * scale], ["SOFT_MAX", 1e4 * scale, 9e4 * scale],
                  ["ADD", 5e3, 5e3], ["MUL_MAT", 2e6 * scale, 8e6 * scale]]
-        short = sum(dc.node_time_us(op, ws, n) for op, ws, _ in nodes)
-        grow = sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in nodes)
-        return {"n_tokens": n, "device": "CPU", "nodes": nodes, "short_us": short, "long_us": short + ratio * grow}
+        return {"n_tokens": n, "device": "CPU", "nodes": nodes,
+                "short_us": 4.0 + sum(true_us(op, ws, slope, icept) for op, ws, _ in nodes),
+                "long_us": 4.0 + sum(true_us(op, wl, slope, icept) for op, _, wl in nodes)}
 
-    got = attnspan.factors(cal, [span(1, 3.0, 1.0), span(1, 3.0, 2.0), span(128, 0.5, 50.0)])
+    got = attnspan.factors(cal, [span(1, 3.0, 0.5, 1.0), span(1, 3.0, 0.5, 2.0), span(128, 0.5, 2.0, 50.0)])
     assert got["CPU"]["1"]["factor"] == pytest.approx(3.0) and got["CPU"]["n"]["factor"] == pytest.approx(0.5)
+    assert got["CPU"]["1"]["intercept"] == pytest.approx(0.5) and got["CPU"]["n"]["intercept"] == pytest.approx(2.0)
     assert got["CPU"]["1"]["kinds"] == ["MUL_MAT", "SOFT_MAX"]
     dm.attention = {"factors": got}
     scaled = devicemodel.DeviceModel.from_json(dm.to_json()).calibration(["CPU"], vocab=0).devices["CPU"]
     w = 4e6
-    assert scaled.node_time_us("MUL_MAT", w, 1) == pytest.approx(20.0 + 3.0 * 1e-5 * w)
-    assert scaled.node_time_us("SOFT_MAX", w, 1) == pytest.approx(2.0 + 3.0 * 1e-4 * w)
-    assert scaled.node_time_us("MUL_MAT", w, 128) == pytest.approx(20.0 + 0.5 * 1e-5 * w)
+    for op in ("MUL_MAT", "SOFT_MAX"):
+        assert scaled.node_time_us(op, w, 1) == pytest.approx(true_us(op, w, 3.0, 0.5)), op
+        assert scaled.node_time_us(op, w, 128) == pytest.approx(true_us(op, w, 0.5, 2.0)), op
     assert scaled.node_time_us("ADD", w, 1) == scaled.node_time_us("ADD", w, 128) == pytest.approx(1.0 + 1e-6 * w)

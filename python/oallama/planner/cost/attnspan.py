@@ -155,10 +155,12 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
 
 
 def factors(cal: Calibration, measured: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per device and pass kind ("1", "n"): the spans' measured growth from the short to the long KV
-    cache over the growth `cal`'s lines give the same nodes ("factor"), the op kinds whose slopes it
-    scales ("kinds": those of the spans' nodes), and the two growths (us). A device or kind whose
-    growth is not positive both ways gets none."""
+    """Per device and pass kind ("1", "n"): the factors on the lines of the op kinds whose work grows
+    in the spans ("kinds") that make `cal`'s lines give the spans' measured times: "factor" on their
+    slopes, the spans' growth from the short to the long KV cache over the growth the lines give; then
+    "intercept" on their intercepts, the short spans' times (less what a timed stop adds, the
+    device's node overhead) over what the lines, slopes scaled, give. A device or pass kind whose
+    measured or modelled growth is not positive gets none."""
     sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for s in measured:
@@ -174,5 +176,27 @@ def factors(cal: Calibration, measured: Sequence[Mapping[str, Any]]) -> dict[str
     for (dev, kind), (m, f) in sums.items():
         if m > 0 and f > 0:
             out[dev][kind] = {"factor": m / f, "kinds": sorted(kinds[(dev, kind)]), "measured_us": m,
-                              "modelled_us": f}
+                              "modelled_us": f, "intercept": _intercept(cal, measured, dev, kind, m / f, kinds[(dev, kind)])}
     return dict(out)
+
+
+def _intercept(cal: Calibration, measured: Sequence[Mapping[str, Any]], dev: str, kind: str, factor: float,
+               kinds: set[str]) -> float:
+    """The factor on the kinds' intercepts that makes the short spans' modelled times (slopes scaled by
+    `factor`) their measured ones; at least 0."""
+    dc = cal.devices[dev]
+    rest = base = 0.0  # us: measured less modelled; the kinds' intercepts as modelled
+    for s in measured:
+        if s["device"] != dev or pass_kind(s["n_tokens"]) != kind:
+            continue
+        n = int(s["n_tokens"])
+        model = 0.0
+        for op, ws, _ in s["nodes"]:
+            f = dc.line(op, n)
+            if op in kinds and f is not None:
+                model += (f.a_us + f.b_us * factor * ws) * dc.factor(n)
+                base += f.a_us * dc.factor(n)
+            else:
+                model += dc.node_time_us(op, ws, n)
+        rest += s["short_us"] - dc.node_overhead_us - model
+    return max(1.0 + rest / base, 0.0) if base > 0 else 1.0

@@ -60,6 +60,7 @@ from ...runtime import devices as devmod
 from ..graph import target_ops
 from . import attnspan
 from .calfit import Calibration, DeviceCalibration, OpFit
+from .calibrate import VERSION as METHOD  # the reference's calibration method: its fits are the terms
 from .measure import time_more_columns
 from .profile import DEFAULT_TOKENS, KnownTimes, Settings, build_info, device_identity
 
@@ -75,9 +76,9 @@ def cache_dir() -> Path:
 
 def device_key(devices: list[str], settings: Settings) -> str:
     """What a device model is valid for: the devices (as profiles identify them), the settings
-    without the calibration flag, the build and this module's VERSION."""
+    without the calibration flag, the build, this module's VERSION and the calibration's method."""
     devs = [devmod.resolve(d) for d in devices]
-    doc = {"schema": SCHEMA, "version": VERSION, "devices": [device_identity(d) for d in devs],
+    doc = {"schema": SCHEMA, "version": VERSION, "method": METHOD, "devices": [device_identity(d) for d in devs],
            "settings": {**settings.as_dict(), "calibrate": None}, "build": build_info()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -151,7 +152,7 @@ class DeviceModel:
 
 
 def _attention_lines(dc: DeviceCalibration, by_kind: dict[str, dict[str, Any]]) -> dict[str, OpFit]:
-    """The device's attention lines with their slopes scaled by the spans' factors: a decode pass's
+    """The device's attention lines with their slopes and intercepts scaled by the spans' factors: a decode pass's
     under "<op>:1" (from its own line where it has one), a prompt pass's under the op's own key."""
     out: dict[str, OpFit] = {}
     for kind in ("1", "n"):  # "1" first: it starts from the kind's line before "n" scales it
@@ -159,7 +160,8 @@ def _attention_lines(dc: DeviceCalibration, by_kind: dict[str, dict[str, Any]]) 
         for op in a["kinds"] if a else ():
             base = dc.line(op, 1 if kind == "1" else None)
             if base is not None:
-                out[f"{op}:1" if kind == "1" else op] = replace(base, b_us=base.b_us * float(a["factor"]))
+                out[f"{op}:1" if kind == "1" else op] = replace(base, a_us=base.a_us * float(a.get("intercept", 1.0)),
+                                                                b_us=base.b_us * float(a["factor"]))
         if kind == "1":
             dc = replace(dc, ops={**dc.ops, **out})
     return out
@@ -264,7 +266,8 @@ def characterise(devices: list[str], settings: Settings, plan_reference: Callabl
     t1 = time.perf_counter()
     spans = attnspan.measure(ref, devices, threads=settings.threads, mmap=settings.mmap, op_offload=settings.op_offload,
                              attention=settings.attention())
-    dm.attention = {"factors": attnspan.factors(cal, spans), "spans": spans}
+    # against the lines as the device model gives them (the reference's pass-size anchors are not carried)
+    dm.attention = {"factors": attnspan.factors(dm.calibration(dm.names, vocab), spans), "spans": spans}
     if progress:
         got = ", ".join(f"{d} {k}: {a['factor']:.2f}" for d, f in dm.attention["factors"].items() for k, a in f.items())
         print(f"device model: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
