@@ -9,6 +9,7 @@ plan's breakdown and its cache key.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from contextlib import closing
@@ -23,12 +24,14 @@ from oallama.errors import ClosedError
 from oallama.planner.context import split_cost, stream_link
 from oallama.planner.cost.calfit import (
     MATMUL_OPS,
+    VEC,
     VIEW_OPS,
     Calibration,
     OpFit,
     _profile_us,
     context_bounded,
     fit,
+    kind,
     node_overhead_us,
     work,
 )
@@ -769,3 +772,50 @@ def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.Mo
     host_decode, host_s[0] = iter([900.0]), 1.0
     cal_mod.calibrate("m.gguf", [HOST, "Vulkan0"], None, threads=1, progress=False, max_rounds=5, rounds_s=0.3)
     assert calls == [False]
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
+def test_a_kv_write_s_work_is_the_rows_it_writes_whatever_the_context(tiny_q8: Path, type_k: str) -> None:
+    """SET_ROWS's result and third source are the whole cache: its work is the rows written, the same
+    in a context of 256 and of 4096 cells, and in proportion to the pass's tokens."""
+    from oallama.planner.graph import GraphSession
+
+    got: dict[tuple[int, int], set[float]] = {}
+    for n_ctx in (256, 4096):
+        with GraphSession(tiny_q8, n_ctx=n_ctx, n_ubatch=64, type_k=type_k) as s:
+            for n in (1, 64):
+                g = s.graph(n)
+                nodes = [x for x in g.nodes if x.op == "SET_ROWS"]
+                assert nodes and all(len(x.srcs) == 3 for x in nodes)
+                got[(n_ctx, n)] = {work(x.op, x.ne, x.nbytes, [g.tensor(i).ne for i in x.srcs],
+                                        sum(g.tensor(i).nbytes for i in x.srcs)) for x in nodes}
+    for n in (1, 64):
+        assert got[(256, n)] == got[(4096, n)], n
+    assert {round(w * 64) for w in got[(256, 1)]} == {round(w) for w in got[(256, 64)]}
+
+
+def test_a_decode_pass_s_attention_matmuls_are_costed_by_their_bytes_on_a_line_of_their_own(tiny_q8: Path) -> None:
+    """A one-token pass's KQ and KQV (a matmul of two activations with one column per head) are the
+    kind VEC, whose work is the bytes it reads and writes; a prompt's are MUL_MAT in multiply-adds. A
+    calibration fits each on its own line: nodes timed on two known lines come back apart."""
+    from oallama.planner.graph import GraphSession
+
+    with GraphSession(tiny_q8, n_ctx=512, n_ubatch=32) as s:
+        for n in (1, 32):
+            g = s.graph(n)
+            att = [x for x in g.nodes if x.op == "MUL_MAT" and not x.weight]  # KQ, KQV
+            assert att, n
+            for x in att:
+                srcs = [g.tensor(i) for i in x.srcs]
+                w = work(x.op, x.ne, x.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs))
+                if n == 1:
+                    assert kind(x.op, x.ne) == VEC and w == x.nbytes + sum(t.nbytes for t in srcs)
+                else:
+                    assert kind(x.op, x.ne) == "MUL_MAT" and w == srcs[0].ne[0] * math.prod(x.ne)
+    lines = {VEC: (5.0, 2e-3), "MUL_MAT": (40.0, 1e-5)}
+    points = [{"load": "host", "n_tokens": 1 if k == VEC else 32, "n_past": 32, "split": 0, "device": "CPU",
+               "op": "MUL_MAT", "kind": k, "weight_type": "", "src0_ne": [64, 64, 1, 1], "work": w, "us": a + b * w}
+              for k, (a, b) in lines.items() for w in (1e4, 1e5, 1e6)]
+    dc = fit(points, [], _OneOpTimes({})).devices["CPU"]
+    for k, (a, b) in lines.items():
+        assert dc.node_time_us(k, 3e5, 1) == pytest.approx(a + b * 3e5), k

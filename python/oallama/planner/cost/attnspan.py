@@ -32,7 +32,7 @@ from typing import Any
 
 from ... import _core
 from ...errors import OallamaError, ProfileError
-from .calfit import Calibration, work
+from .calfit import Calibration, kind, work
 from .realpass import VIEW_OPS, layers_that_fit, timed_eval
 
 LONG_PAST = 1024  # KV cells before the long passes
@@ -112,7 +112,8 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dic
         ws, wl = _works(short, n, past), _works(long, n, LONG_PAST)
         for i, (a, b) in enumerate(sp):
             col = stops.index(b)
-            nodes = [[short[k].op, ws[k], wl[k]] for k in range(a, b + 1) if short[k].op not in VIEW_OPS]
+            nodes = [[kind(short[k].op, short[k].ne), ws[k], wl[k]] for k in range(a, b + 1)
+                     if short[k].op not in VIEW_OPS]
             out.append({"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
                         "device": short[b].device, "nodes": nodes,
                         "short_us": statistics.median(r[col] for r in times[(n, "short")]),
@@ -125,7 +126,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
     """The attention spans of `path` (the device model's reference) in a decode pass and a prompt
     pass after a short and a long KV cache: its host load and, with an accelerator (devices: the CPU
     first), the load with every layer that fits on it. Per span: its load, pass, device, non-view
-    nodes [op, work short, work long] and median times at both lengths (us)."""
+    nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us)."""
     from ...model import gguf_file
     from ...runtime import devices as devmod
     from ...runtime.generate import prompt_tokens
@@ -173,21 +174,21 @@ def factors(cal: Calibration, measured: Sequence[Mapping[str, Any]]) -> dict[str
         sums[key][1] += sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in s["nodes"])
         kinds[key] |= {op for op, ws, wl in s["nodes"] if wl > ws}
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for (dev, kind), (m, f) in sums.items():
+    for (dev, pk), (m, f) in sums.items():
         if m > 0 and f > 0:
-            out[dev][kind] = {"factor": m / f, "kinds": sorted(kinds[(dev, kind)]), "measured_us": m,
-                              "modelled_us": f, "intercept": _intercept(cal, measured, dev, kind, m / f, kinds[(dev, kind)])}
+            out[dev][pk] = {"factor": m / f, "kinds": sorted(kinds[(dev, pk)]), "measured_us": m,
+                            "modelled_us": f, "intercept": _intercept(cal, measured, dev, pk, m / f, kinds[(dev, pk)])}
     return dict(out)
 
 
-def _intercept(cal: Calibration, measured: Sequence[Mapping[str, Any]], dev: str, kind: str, factor: float,
+def _intercept(cal: Calibration, measured: Sequence[Mapping[str, Any]], dev: str, pk: str, factor: float,
                kinds: set[str]) -> float:
     """The factor on the kinds' intercepts that makes the short spans' modelled times (slopes scaled by
     `factor`) their measured ones; at least 0."""
     dc = cal.devices[dev]
     rest = base = 0.0  # us: measured less modelled; the kinds' intercepts as modelled
     for s in measured:
-        if s["device"] != dev or pass_kind(s["n_tokens"]) != kind:
+        if s["device"] != dev or pass_kind(s["n_tokens"]) != pk:
             continue
         n = int(s["n_tokens"])
         model = 0.0

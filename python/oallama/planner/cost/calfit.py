@@ -35,14 +35,35 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
     (D + Dv)), else bytes read + written. ggml's flash attention skips the cells the mask hides
     (the cache's unused cells, a prompt's later tokens): its cells are `attended` (the pass's mean
     over its tokens) where known, else the whole KV view (n_kv). Without flash attention the KQ
-    matmul multiplies the whole view: a decode pass after 32 tokens costs it 256 cells."""
-    if op in MATMUL_OPS and src_ne:
+    matmul multiplies the whole view: a decode pass after 32 tokens costs it 256 cells.
+
+    Two kinds count bytes where their multiply-adds or their result would mislead (`kind`):
+    - a matmul of two activations with one column per head (a decode pass's KQ and KQV: a
+      matrix-vector product) streams its K or V and multiplies little: its bytes read and written
+      (Phi-3's 32 K/V heads cost 3x what Llama 3's 8 shared by 32 queries cost per multiply-add);
+    - SET_ROWS (a pass's new K or V rows into the cache) reads its rows and their indices and writes
+      the rows: its result and third source are the whole cache, whose size grows with the context
+      and not with the work (Phi-3's 4 in a decode pass: 1 ms by the cache's bytes, 35-60 us measured).
+    bench/results/2026-11-26-vm-setrows."""
+    if op == "SET_ROWS" and len(src_ne) >= 3 and tuple(src_ne[2]) == tuple(ne):
+        written = math.prod(src_ne[0]) * nbytes / max(math.prod(ne), 1)  # src0's elements in the cache's type
+        return float(src_bytes - nbytes + written)
+    if op in MATMUL_OPS and src_ne and kind(op, ne) == op:
         return float(src_ne[0][0]) * math.prod(ne)
     if op == "FLASH_ATTN_EXT" and len(src_ne) >= 3:
         q, k, v = src_ne[0], src_ne[1], src_ne[2]
         cells = min(attended, k[1]) if attended is not None else k[1]
         return float(math.prod(q) // max(q[0], 1)) * cells * (q[0] + v[0])
     return float(nbytes + src_bytes)
+
+
+VEC = "MUL_MAT:vec"  # the kind of a matmul of two activations with one column per head (`kind`)
+
+
+def kind(op: str, ne: Sequence[int]) -> str:
+    """The line a node's time is fitted on and costed by: its op, but a MUL_MAT whose result has one
+    column (a decode pass's KQ and KQV, per head and sequence) is VEC, whose work is bytes (`work`)."""
+    return VEC if op == "MUL_MAT" and len(ne) > 1 and ne[1] == 1 else op
 
 
 def byte_work(op: str) -> bool:
@@ -289,7 +310,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
                 if t > 0:  # a ratio of sums: the big matmuls, whose times are well measured, weigh most
                     real, prof, n_mm = real + us, prof + t, n_mm + 1
                 continue
-            per_op[op_key(p["op"], p["n_tokens"])].append((p["work"], us))
+            per_op[op_key(p.get("kind", p["op"]), p["n_tokens"])].append((p["work"], us))
         fits = {op: OpFit.fit(v) for op, v in per_op.items()}
         if star := unseen_op_fit(fits):
             fits["*"] = star
@@ -308,7 +329,10 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
 def refitted(cal: Calibration, profile: Any) -> Calibration:
     """`cal` with its devices' terms fitted again by this code from the node and split times it keeps,
     everything else as measured: a change of the fit scored on stored measurements, nothing run
-    (bench/heldout/refit.py, bench/scripts/repredict.py)."""
+    (bench/heldout/refit.py, bench/scripts/repredict.py). Points stored by calibration method 28 or
+    before carry that method's works (a SET_ROWS node's the whole cache's, a decode pass's KQ and KQV
+    in multiply-adds, no "kind"): bench/results/2026-11-26-vm-setrows/setrows_refit.py converts f16
+    caches' (`rows_work`, `vec_points`)."""
     return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing).devices)
 
 
@@ -331,7 +355,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
             mm_by_n[int(k[1])] += t
             mm_mod_by_n[int(k[1])] += t_mod
         else:
-            modelled[k] += dc.node_time_us(p["op"], p["work"])
+            modelled[k] += dc.node_time_us(p.get("kind", p["op"]), p["work"])
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
     total_f = sum(modelled.values())
     if total_m <= 0 or total_f <= 0:

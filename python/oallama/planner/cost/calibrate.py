@@ -77,7 +77,7 @@ from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
 from ..graph import AttentionLayers, attention_layers
 from . import outside
-from .calfit import Calibration, fit, line, work
+from .calfit import Calibration, fit, kind, line, work
 from .realpass import (
     VIEW_OPS,
     Run,
@@ -91,7 +91,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 28  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 29  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -109,7 +109,9 @@ VERSION = 28  # of the method: part of a calibrated profile's cache key (8: stre
 # both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`; 25: each timed decode
 # pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval; 26: each pass, streamed and
 # scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`; 27: no per-shape shares of the weight
-# matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`)
+# matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`; 29: a SET_ROWS
+# node's work the rows it writes, not the whole cache, and a decode pass's KQ and KQV bytes on a line of their own,
+# `calfit.work`, `calfit.kind`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -237,7 +239,7 @@ def _node_points(load: _Load, layers: AttentionLayers | None = None) -> list[dic
             # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
             cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
             out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
-                        "name": r.name, "op": r.op, "device": r.device,
+                        "name": r.name, "op": r.op, "kind": kind(r.op, r.ne), "device": r.device,
                         "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
                         # MUL_MAT_ID: experts per token (ne[0] of its ids, the third source)
                         "n_expert_used": r.src_ne[2][0] if r.op == "MUL_MAT_ID" and len(r.src_ne) > 2 else 0,

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from ...runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
 from ..graph import AttentionLayers, Graph, Node, class_key, layer_of, node_layer
-from .calfit import Calibration, work
+from .calfit import Calibration, kind, work
 from .profile import DUAL, HOST_LAYOUTS, PLAIN, REPACK, Link, Profile
 from .routing import Routing
 
@@ -272,8 +272,8 @@ class PassModel:
             if cells is not None and self.attention is not None and n.op == "FLASH_ATTN_EXT" and len(n.srcs) > 1:
                 cells = self.attention.cells(self.kv_layer(n.srcs[1]), cells)  # src1: the layer's K cache
             w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs), cells)
-            self.t_host[i] = host.node_time_us(n.op, w, self.n_tokens)
-            self.t_acc[i] = acc.node_time_us(n.op, w, self.n_tokens)
+            self.t_host[i] = host.node_time_us(kind(n.op, n.ne), w, self.n_tokens)
+            self.t_acc[i] = acc.node_time_us(kind(n.op, n.ne), w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
         self.detached_us = min(cal.detached_us(self.acc, self.n_tokens), self.overhead_us)
 
