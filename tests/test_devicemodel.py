@@ -178,18 +178,14 @@ def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny
 def test_the_span_factors_recover_known_lines_and_scale_each_pass_kind_s_attention() -> None:
     """Synthetic spans timed as if the attention kinds' lines were 3x steeper with 0.5x the intercept at
     decode, 0.5x as steep with 2x the intercept in prompts (plus a timed stop's node overhead): the
-    factors come back, and the device model costs decode and prompt attention by those lines, every
-    other op as fitted."""
-    lines = {"MUL_MAT": {"a_us": 20.0, "b_us": 1e-5, "n": 8}, "SOFT_MAX": {"a_us": 2.0, "b_us": 1e-4, "n": 4},
-             "ADD": {"a_us": 1.0, "b_us": 1e-6, "n": 9}}
-    dm = devicemodel.DeviceModel(
-        "k", ["CPU"], {"CPU": {"node_overhead_us": 4.0, "matmul_scale": 1.0, "ops": lines}},
-        {"pass_a_us": 0.0, "pass_b_us": 0.0, "decode_us": 0.0, "sample_us_per_id": 0.0}, {}, {}, {"model": "ref"})
-    cal = dm.calibration(["CPU"], vocab=0)
+    factors come back, and the lines they give cost decode and prompt attention so, every other op as
+    fitted."""
+    lines = {"MUL_MAT": (20.0, 1e-5), "SOFT_MAX": (2.0, 1e-4), "ADD": (1.0, 1e-6)}
+    dc = calfit.DeviceCalibration(4.0, {op: calfit.OpFit(a, b, 8) for op, (a, b) in lines.items()}, 1.0)
 
     def true_us(op: str, w: float, slope: float, icept: float) -> float:
-        f = lines[op]
-        return f["a_us"] + f["b_us"] * w if op == "ADD" else icept * f["a_us"] + slope * f["b_us"] * w
+        a, b = lines[op]
+        return a + b * w if op == "ADD" else icept * a + slope * b * w
 
     def span(n: int, slope: float, icept: float, scale: float) -> dict[str, Any]:
         nodes = [["MUL_MAT", 1e6 * scale, 9e6 * scale], ["SOFT_MAX", 1e4 * scale, 9e4 * scale],
@@ -198,14 +194,35 @@ def test_the_span_factors_recover_known_lines_and_scale_each_pass_kind_s_attenti
                 "short_us": 4.0 + sum(true_us(op, ws, slope, icept) for op, ws, _ in nodes),
                 "long_us": 4.0 + sum(true_us(op, wl, slope, icept) for op, _, wl in nodes)}
 
-    got = attnspan.factors(cal, [span(1, 3.0, 0.5, 1.0), span(1, 3.0, 0.5, 2.0), span(128, 0.5, 2.0, 50.0)])
+    got = calfit.span_factors({"CPU": dc}, [span(1, 3.0, 0.5, 1.0), span(1, 3.0, 0.5, 2.0), span(128, 0.5, 2.0, 50.0)])
     assert got["CPU"]["1"]["factor"] == pytest.approx(3.0) and got["CPU"]["n"]["factor"] == pytest.approx(0.5)
     assert got["CPU"]["1"]["intercept"] == pytest.approx(0.5) and got["CPU"]["n"]["intercept"] == pytest.approx(2.0)
     assert got["CPU"]["1"]["kinds"] == ["MUL_MAT", "SOFT_MAX"]
-    dm.attention = {"factors": got}
-    scaled = devicemodel.DeviceModel.from_json(dm.to_json()).calibration(["CPU"], vocab=0).devices["CPU"]
+    scaled = calfit.DeviceCalibration(4.0, {**dc.ops, **calfit.span_lines(dc, got["CPU"])}, 1.0)
     w = 4e6
     for op in ("MUL_MAT", "SOFT_MAX"):
         assert scaled.node_time_us(op, w, 1) == pytest.approx(true_us(op, w, 3.0, 0.5)), op
         assert scaled.node_time_us(op, w, 128) == pytest.approx(true_us(op, w, 0.5, 2.0)), op
     assert scaled.node_time_us("ADD", w, 1) == scaled.node_time_us("ADD", w, 128) == pytest.approx(1.0 + 1e-6 * w)
+
+
+def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_model_carries_them(
+        runs: dict[str, list[str]], tiny_q8: Path) -> None:
+    """A calibration cheap enough times the attention spans and keeps them; its fit gives the attention
+    kinds lines of their own for decode ("<kind>:1"), fitted again from the stored spans alike; the
+    device model characterised on it carries those lines."""
+    ctx = planmod.build_context(tiny_q8, None, WORKLOAD, threads=1, progress=False, calibration="model")
+    cal = ctx.profile.calibration
+    assert cal is not None and cal.spans and {s["n_tokens"] for s in cal.spans} == {1, attnspan.PROMPT_TOKENS}
+    ops = cal.devices["CPU"].ops
+    assert f"{calfit.VEC}:1" in ops and "SOFT_MAX:1" in ops
+    again = calfit.refitted(cal, ctx.profile)
+    assert again.devices["CPU"].ops == ops
+    without = calfit.fit(cal.points, [], ctx.profile, cal.splits, cal.routing).devices["CPU"].ops
+    assert f"{calfit.VEC}:1" not in without  # the decode lines come from the spans
+    other = synthetic.write_model(tiny_q8.parent / "other-shape.gguf", "mid", "q8_0", n_layer=2, shape_only=True,
+                                  progress=False)
+    ctx2 = planmod.build_context(other, None, WORKLOAD, threads=1, progress=False)
+    assert ctx2.profile.calibration is not None
+    carried = ctx2.profile.calibration.devices["CPU"].ops
+    assert carried[f"{calfit.VEC}:1"] == ops[f"{calfit.VEC}:1"] and carried["SOFT_MAX:1"] == ops["SOFT_MAX:1"]

@@ -12,14 +12,14 @@ and Gemma 3's 2048-token TTFT at 3.9 s against 2.5 s measured
 The same pass over a short and a long KV cache differs only in the nodes whose work grows with
 the cache (KQ, softmax, KQV; flash attention's one node). Each layer's run of them is timed as
 one span (a stop before it and one at its end: nothing synchronised inside), at both lengths,
-short-long-short; the spans' growth, measured against the growth the calibration's lines give,
-is one factor per device and pass kind (a decode pass, "1"; a prompt pass, "n") on those kinds'
-slopes (`factors`; applied by devicemodel.DeviceModel.calibration). The per-node overhead is in
-both lengths' spans alike and cancels.
+short-long-short. The calibration's fit (calfit.span_factors, calfit.span_lines) scales the lines of
+those kinds, per device and pass kind (a decode pass, "1"; a prompt pass, "n"), so that they give the
+spans' growth and their short times; the per-node overhead is in both lengths' spans alike and
+cancels.
 
-  measure   the spans of a decode pass and of a prompt pass in the reference's host load and,
-            with an accelerator, in its accelerator load
-  factors   per device and pass kind: measured growth / modelled growth, and the kinds it scales
+  measure   the spans of a decode pass and of a prompt pass in a model's host load and, with an
+            accelerator, in its accelerator load
+  cost_s    what measuring them takes, estimated from a prompt pass's time per token
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from ... import _core
 from ...errors import OallamaError, ProfileError
-from .calfit import Calibration, kind, work
+from .calfit import kind, work
 from .realpass import VIEW_OPS, layers_that_fit, timed_eval
 
 LONG_PAST = 1024  # KV cells before the long passes
@@ -41,9 +41,9 @@ PROMPT_TOKENS = 128  # tokens of the prompt pass
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
 
 
-def pass_kind(n_tokens: int | None) -> str:
-    """A pass's kind for the factors: "1" a one-token (decode) pass, "n" a prompt pass."""
-    return "1" if n_tokens == 1 else "n"
+def cost_s(prompt_us_per_token: float, loads: int) -> float:
+    """Seconds `measure` takes, about: the long prefix filled twice and each block's passes, per load."""
+    return prompt_us_per_token / 1e6 * (2 * LONG_PAST + 3 * REPS * (PROMPT_TOKENS + 1)) * loads
 
 
 def _works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
@@ -153,51 +153,3 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
         finally:
             llm.close()
     return out
-
-
-def factors(cal: Calibration, measured: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per device and pass kind ("1", "n"): the factors on the lines of the op kinds whose work grows
-    in the spans ("kinds") that make `cal`'s lines give the spans' measured times: "factor" on their
-    slopes, the spans' growth from the short to the long KV cache over the growth the lines give; then
-    "intercept" on their intercepts, the short spans' times (less what a timed stop adds, the
-    device's node overhead) over what the lines, slopes scaled, give. A device or pass kind whose
-    measured or modelled growth is not positive gets none."""
-    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for s in measured:
-        dc = cal.devices.get(s["device"])
-        if dc is None:
-            continue
-        key = (s["device"], pass_kind(s["n_tokens"]))
-        n = int(s["n_tokens"])
-        sums[key][0] += s["long_us"] - s["short_us"]
-        sums[key][1] += sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in s["nodes"])
-        kinds[key] |= {op for op, ws, wl in s["nodes"] if wl > ws}
-    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for (dev, pk), (m, f) in sums.items():
-        if m > 0 and f > 0:
-            out[dev][pk] = {"factor": m / f, "kinds": sorted(kinds[(dev, pk)]), "measured_us": m,
-                            "modelled_us": f, "intercept": _intercept(cal, measured, dev, pk, m / f, kinds[(dev, pk)])}
-    return dict(out)
-
-
-def _intercept(cal: Calibration, measured: Sequence[Mapping[str, Any]], dev: str, pk: str, factor: float,
-               kinds: set[str]) -> float:
-    """The factor on the kinds' intercepts that makes the short spans' modelled times (slopes scaled by
-    `factor`) their measured ones; at least 0."""
-    dc = cal.devices[dev]
-    rest = base = 0.0  # us: measured less modelled; the kinds' intercepts as modelled
-    for s in measured:
-        if s["device"] != dev or pass_kind(s["n_tokens"]) != pk:
-            continue
-        n = int(s["n_tokens"])
-        model = 0.0
-        for op, ws, _ in s["nodes"]:
-            f = dc.line(op, n)
-            if op in kinds and f is not None:
-                model += (f.a_us + f.b_us * factor * ws) * dc.factor(n)
-                base += f.a_us * dc.factor(n)
-            else:
-                model += dc.node_time_us(op, ws, n)
-        rest += s["short_us"] - dc.node_overhead_us - model
-    return max(1.0 + rest / base, 0.0) if base > 0 else 1.0

@@ -4,7 +4,9 @@
   DeviceCalibration    one device's fitted terms (node overhead, other ops, weight matmul scale,
                        pass-size anchors);
   Calibration          every device's, the time outside the graph, and the measurements behind them;
-  fit                  the fits from node-mode and split-mode times (see calibrate.py).
+  fit                  the fits from node-mode and split-mode times (see calibrate.py);
+  span_factors,        the attention kinds' lines fitted to spans of the real graph timed whole at
+  span_lines           two KV lengths (attnspan.py).
 """
 
 from __future__ import annotations
@@ -194,6 +196,9 @@ class Calibration:
     # accelerator -> terms carried already derived, by a device model (devicemodel.py): split_us (a change
     # of device, us), stream_latency_us and stream_bytes_per_us (streamed weights' link)
     links: dict[str, dict[str, float]] = field(default_factory=dict)
+    # attention spans timed whole at two KV lengths (attnspan.measure), which the attention kinds' lines are
+    # fitted to (`span_lines`); empty where measuring them would have taken too long
+    spans: list[dict[str, Any]] = field(default_factory=list)
 
     def pass_overhead_us(self, n_tokens: int) -> float:
         if n_tokens == 1 and self.decode_us is not None:
@@ -221,7 +226,7 @@ class Calibration:
                            {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
                            list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []),
                            list(doc.get("rounds_alone") or []), doc.get("layouts"),
-                           {d: dict(v) for d, v in (doc.get("links") or {}).items()})
+                           {d: dict(v) for d, v in (doc.get("links") or {}).items()}, list(doc.get("spans") or []))
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
         return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
@@ -231,7 +236,8 @@ class Calibration:
                            {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
                            self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached],
                            [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone], self.layouts,
-                           {ren.get(k, k): v for k, v in self.links.items()})
+                           {ren.get(k, k): v for k, v in self.links.items()},
+                           [{**sp, "device": ren.get(sp["device"], sp["device"])} for sp in self.spans])
 
 
 class _Op:
@@ -274,8 +280,11 @@ def _profile_us(profile: Any, dev: str, p: dict[str, Any], routing: Routing | No
 
 
 def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
-        splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None) -> Calibration:
-    """The calibration's fits from its measurements (see the module docstring).
+        splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None,
+        spans: Sequence[dict[str, Any]] = ()) -> Calibration:
+    """The calibration's fits from its measurements (see the module docstring); spans: attention
+    spans timed whole (attnspan.measure), which the attention kinds' lines are fitted to before the
+    anchors (`span_lines`).
 
     Node-mode times give each node's share; split-mode times, taken without synchronising inside
     a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
@@ -315,6 +324,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         if star := unseen_op_fit(fits):
             fits["*"] = star
         dc = DeviceCalibration(h, fits, real / prof if prof > 0 else 1.0, n_mm)
+        dc.ops.update(span_lines(dc, span_factors({dev: dc}, spans).get(dev, {})))
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
@@ -323,7 +333,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = line(prompt or overheads)
     return Calibration(devs, a, b, points=list(points), splits=raw_splits, routing=routing,
-                       decode_us=statistics.median(decode) if decode and prompt else None)
+                       decode_us=statistics.median(decode) if decode and prompt else None, spans=list(spans))
 
 
 def refitted(cal: Calibration, profile: Any) -> Calibration:
@@ -333,7 +343,7 @@ def refitted(cal: Calibration, profile: Any) -> Calibration:
     before carry that method's works (a SET_ROWS node's the whole cache's, a decode pass's KQ and KQV
     in multiply-adds, no "kind"): bench/results/2026-11-26-vm-setrows/setrows_refit.py converts f16
     caches' (`rows_work`, `vec_points`)."""
-    return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing).devices)
+    return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing, cal.spans).devices)
 
 
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
@@ -399,6 +409,81 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         anchors[n] = (m - mm) / rest
         mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
     return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors)
+
+
+def pass_kind(n_tokens: int | None) -> str:
+    """A pass's kind for the span factors: "1" a one-token (decode) pass, "n" a prompt pass."""
+    return "1" if n_tokens == 1 else "n"
+
+
+def span_factors(devs: Mapping[str, DeviceCalibration], spans: Sequence[Mapping[str, Any]]
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per device and pass kind ("1", "n"), the factors on the lines of the op kinds whose work grows
+    in the spans ("kinds") that make those lines give the spans' measured times: "factor" on their
+    slopes, the spans' growth from the short to the long KV cache over the growth the lines give;
+    "intercept" on their intercepts, the short spans' times (less what a timed stop adds, the
+    device's node overhead) over what the lines, slopes scaled, give. A device or pass kind whose
+    measured or modelled growth is not positive gets none.
+
+    Why: node-by-node times put the attention's cost in its growth or in its intercept by the noise
+    of what timing a node alone adds. Two characterisations of this VM's CPU gave the attention
+    matmuls' line slopes 2x apart, and a decode KQ 80 us by its intercept where the span of KQ,
+    softmax and KQV took 104 us (bench/results/2026-11-26-vm-heldout-devicemodel-v5)."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for s in spans:
+        dc = devs.get(s["device"])
+        if dc is None:
+            continue
+        key, n = (s["device"], pass_kind(s["n_tokens"])), int(s["n_tokens"])
+        sums[key][0] += s["long_us"] - s["short_us"]
+        sums[key][1] += sum(dc.node_time_us(op, wl, n) - dc.node_time_us(op, ws, n) for op, ws, wl in s["nodes"])
+        kinds[key] |= {op for op, ws, wl in s["nodes"] if wl > ws}
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for (dev, pk), (m, f) in sums.items():
+        if m > 0 and f > 0:
+            ks = kinds[(dev, pk)]
+            out[dev][pk] = {"factor": m / f, "kinds": sorted(ks), "measured_us": m, "modelled_us": f,
+                            "intercept": _span_intercept(devs[dev], spans, dev, pk, m / f, ks)}
+    return dict(out)
+
+
+def _span_intercept(dc: DeviceCalibration, spans: Sequence[Mapping[str, Any]], dev: str, pk: str, factor: float,
+                    kinds: set[str]) -> float:
+    """The factor on the kinds' intercepts that makes the short spans' modelled times (slopes scaled by
+    `factor`) their measured ones; at least 0."""
+    rest = base = 0.0  # us: measured less modelled; the kinds' intercepts as modelled
+    for s in spans:
+        if s["device"] != dev or pass_kind(s["n_tokens"]) != pk:
+            continue
+        n = int(s["n_tokens"])
+        model = 0.0
+        for op, ws, _ in s["nodes"]:
+            f = dc.line(op, n)
+            if op in kinds and f is not None:
+                model += (f.a_us + f.b_us * factor * ws) * dc.factor(n)
+                base += f.a_us * dc.factor(n)
+            else:
+                model += dc.node_time_us(op, ws, n)
+        rest += s["short_us"] - dc.node_overhead_us - model
+    return max(1.0 + rest / base, 0.0) if base > 0 else 1.0
+
+
+def span_lines(dc: DeviceCalibration, by_kind: Mapping[str, Mapping[str, Any]]) -> dict[str, OpFit]:
+    """The device's attention lines with their slopes and intercepts scaled by `span_factors`' entry for
+    it: a decode pass's under "<kind>:1" (from its own line where it has one), a prompt pass's under
+    the kind's own key."""
+    out: dict[str, OpFit] = {}
+    for pk in ("1", "n"):  # "1" first: it starts from the kind's line before "n" scales it
+        a = by_kind.get(pk)
+        for op in a["kinds"] if a else ():
+            base = dc.line(op, 1 if pk == "1" else None)
+            if base is not None:
+                out[f"{op}:1" if pk == "1" else op] = replace(base, a_us=base.a_us * float(a["intercept"]),
+                                                              b_us=base.b_us * float(a["factor"]))
+        if pk == "1":
+            dc = replace(dc, ops={**dc.ops, **out})
+    return out
 
 
 def interpolated(by_size: Mapping[int, float], n_tokens: int | None) -> float:

@@ -34,6 +34,10 @@ and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (l
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
 token), from the host load (with an accelerator, reading its results back is the model's copies).
 
+The attention's growth with the KV cache is timed apart, in spans of the real graph run whole after
+a short and a long cache (attnspan.py), when that is cheap (`SPANS_S`): the attention kinds' lines are
+fitted to them (`calfit.span_lines`), as node-by-node times split a pass into ops noisily.
+
 Split-mode runs of a pass that spread more than WIDE_SPREAD (a software GPU's threads sharing the
 host's cores: lavapipe's decode pass 134-273 ms) are repeated, up to 4x, before their median is kept.
 
@@ -68,6 +72,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,7 +81,7 @@ from ... import _core
 from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
 from ..graph import AttentionLayers, attention_layers
-from . import outside
+from . import attnspan, outside
 from .calfit import Calibration, fit, kind, line, work
 from .realpass import (
     VIEW_OPS,
@@ -91,7 +96,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 29  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 30  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -111,13 +116,15 @@ VERSION = 29  # of the method: part of a calibrated profile's cache key (8: stre
 # scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`; 27: no per-shape shares of the weight
 # matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`; 29: a SET_ROWS
 # node's work the rows it writes, not the whole cache, and a decode pass's KQ and KQV bytes on a line of their own,
-# `calfit.work`, `calfit.kind`)
+# `calfit.work`, `calfit.kind`; 30: the attention kinds' lines fitted to spans timed whole at two KV lengths where that
+# is cheap, attnspan.py, `calfit.span_lines`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
+SPANS_S = 30.0  # the attention spans are timed when that takes under this many seconds (`_spans`)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
 
@@ -296,7 +303,9 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                                      attention=attention, layers=layers, decode=decode))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
-    cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing)
+    spans = _spans(path, devices, m.splits, threads=threads, n_prefill=n_prefill, mmap=mmap, op_offload=op_offload,
+                   attention=attention, progress=progress)
+    cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing, spans)
     cal.detached, cal.stream, cal.scatter, cal.layouts = _detached_on(m), m.stream, m.scatter, m.layouts
     cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
     cal.rounds_detached = [dict(r.detached) for r in rounds]
@@ -307,6 +316,24 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
         print(f"\rcalibrate: {len(m.points)} timed nodes, {len(rounds)} round(s) in {cal.elapsed_s:.1f} s".ljust(100),
               file=sys.stderr, flush=True)
     return cal
+
+
+def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, Any]], *, threads: int, n_prefill: int,
+           mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> list[dict[str, Any]]:
+    """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
+    timed prompt passes' time per token says (a 2-layer 8B shape: 8-25 s; the whole 8B would take
+    minutes: none, and the attention kinds keep their node-by-node lines)."""
+    per_token = defaultdict(float)  # load -> us per token of its n_prefill-token pass
+    for s in splits:
+        if s["n_tokens"] == n_prefill and s["n_past"] == 0:
+            per_token[s["load"]] += s["split_us"] / n_prefill
+    est = sum(attnspan.cost_s(us, 1) for us in per_token.values())
+    if not per_token or est > SPANS_S:
+        return []
+    if progress:
+        print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
+              f"(about {est:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
+    return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention)
 
 
 def _detached_on(m: Round) -> dict[str, list[float]]:

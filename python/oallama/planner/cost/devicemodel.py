@@ -17,9 +17,6 @@ terms that describe the devices rather than that model, and costs any other mode
               of each, sampling the token grows with the vocabulary: `sample_us_per_id` * n_vocab
   per link    streamed weights (latency us, bytes/us), a change of device (us per split), and
               what an attached rpc-server costs a pass that does not use it (`detached`, us)
-  attention   per device and pass kind (decode "1", prompt "n"): a factor on the slopes of the op
-              kinds whose work grows with the KV cache, from the reference's attention spans timed
-              whole after a short and a long cache (attnspan.py), with the spans measured
   matmuls     the reference's one-op weight matmul times (per device, and per host layout), each
               layer weight's at every column count of a profile (DEFAULT_TOKENS: its last layer
               runs some at 1 column only, the same weight elsewhere in a deeper model at all): a
@@ -38,7 +35,10 @@ Held out (bench/results/2026-11-25-vm-heldout-devicemodel): Phi-3-mini's passes 
 calibration, Gemma 3 270M's decode 20-53% too slow, mostly op kinds the reference has not (GEGLU,
 SCALE: costed by a "*" fit over every op) and its 256-wide heads' attention. With an unseen op kind at
 the median kind's line (version 4; bench/results/2026-11-26-vm-devicemodel-unseen-ops) what is left of
-it is the attention matmuls, whose line the reference fits at its own head sizes.
+it is the attention matmuls, whose line the reference fits at its own head sizes. The reference's
+attention lines fitted to its spans timed whole at two KV lengths (calibration method 30, version 6)
+and a decode pass's KQ and KQV costed by their bytes (method 29): bench/results/2026-11-26-vm-setrows,
+bench/results/2026-11-26-vm-heldout-method30.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,14 @@ from ...errors import ProfileError
 from ...model import gguf_file
 from ...runtime import devices as devmod
 from ..graph import target_ops
-from . import attnspan
 from .calfit import Calibration, DeviceCalibration, OpFit
 from .calibrate import VERSION as METHOD  # the reference's calibration method: its fits are the terms
 from .measure import time_more_columns
 from .profile import DEFAULT_TOKENS, KnownTimes, Settings, build_info, device_identity
 
-VERSION = 5  # of the device model's terms: part of its cache key; 2: matmuls; 3: at every column count; 4: an unseen
-# op kind at the median byte-work kind's line (calfit.unseen_op_fit); 5: attention's growth from spans (attnspan.py)
+VERSION = 6  # of the device model's terms: part of its cache key; 2: matmuls; 3: at every column count; 4: an unseen
+# op kind at the median byte-work kind's line (calfit.unseen_op_fit); 5: attention's growth from spans (attnspan.py);
+# 6: those spans part of the reference's calibration, its attention lines fitted to them (calfit.span_lines)
 REFERENCE = ("llama3-8b", "q4_k_m", 2)  # preset, type, layers of the model the devices are characterised on
 SCHEMA = "oallama.devicemodel/1"
 
@@ -103,8 +103,6 @@ class DeviceModel:
     # the reference's one-op weight matmul times: {"ops": device -> op key -> stats, "layouts": layout -> ...}
     matmuls: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
-    # "factors": device -> pass kind -> attnspan.factors' entry; "spans": the spans they come from
-    attention: dict[str, Any] = field(default_factory=dict)
 
     def calibration(self, names: list[str], vocab: int) -> Calibration:
         """The terms as a model of `vocab` token ids is costed with, under today's device names
@@ -118,9 +116,6 @@ class DeviceModel:
                           detached={ren.get(d, d): list(v) for d, v in self.detached.items()},
                           decode_us=self.outside["decode_us"] + sample)
         cal.links = {ren.get(d, d): dict(v) for d, v in self.links.items()}
-        for d, by_kind in self.attention.get("factors", {}).items():
-            if (dc := devs.get(ren.get(d, d))) is not None:
-                dc.ops.update(_attention_lines(dc, by_kind))
         return cal
 
     def known_times(self, names: list[str]) -> KnownTimes:
@@ -139,8 +134,7 @@ class DeviceModel:
         try:
             return DeviceModel(doc["key"], list(doc["names"]), dict(doc["terms"]), dict(doc["outside"]),
                                dict(doc["links"]), dict(doc["detached"]), dict(doc["reference"]),
-                               dict(doc.get("matmuls", {})), float(doc.get("created", 0.0)),
-                               dict(doc.get("attention", {})))
+                               dict(doc.get("matmuls", {})), float(doc.get("created", 0.0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"{path}: corrupt device model ({type(e).__name__}: {e})") from None
 
@@ -149,22 +143,6 @@ class DeviceModel:
         p.parent.mkdir(parents=True, exist_ok=True)
         write_json(p, self.to_json())
         return p
-
-
-def _attention_lines(dc: DeviceCalibration, by_kind: dict[str, dict[str, Any]]) -> dict[str, OpFit]:
-    """The device's attention lines with their slopes and intercepts scaled by the spans' factors: a decode pass's
-    under "<op>:1" (from its own line where it has one), a prompt pass's under the op's own key."""
-    out: dict[str, OpFit] = {}
-    for kind in ("1", "n"):  # "1" first: it starts from the kind's line before "n" scales it
-        a = by_kind.get(kind)
-        for op in a["kinds"] if a else ():
-            base = dc.line(op, 1 if kind == "1" else None)
-            if base is not None:
-                out[f"{op}:1" if kind == "1" else op] = replace(base, a_us=base.a_us * float(a.get("intercept", 1.0)),
-                                                                b_us=base.b_us * float(a["factor"]))
-        if kind == "1":
-            dc = replace(dc, ops={**dc.ops, **out})
-    return out
 
 
 def lookup(devices: list[str], settings: Settings) -> DeviceModel | None:
@@ -263,16 +241,6 @@ def characterise(devices: list[str], settings: Settings, plan_reference: Callabl
                                          for d, t in ctx.profile.ops.items()},
                                  "layouts": {lay: {k: v for k, v in t.items() if k.startswith("MUL_MAT:")}
                                              for lay, t in ctx.profile.layouts.items()}})
-    t1 = time.perf_counter()
-    spans = attnspan.measure(ref, devices, threads=settings.threads, mmap=settings.mmap, op_offload=settings.op_offload,
-                             attention=settings.attention())
-    # against the lines as the device model gives them (the reference's pass-size anchors are not carried)
-    dm.attention = {"factors": attnspan.factors(dm.calibration(dm.names, vocab), spans), "spans": spans}
-    if progress:
-        got = ", ".join(f"{d} {k}: {a['factor']:.2f}" for d, f in dm.attention["factors"].items() for k, a in f.items())
-        print(f"device model: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
-              f"in {time.perf_counter() - t1:.0f} s (growth over the fitted lines' {got or 'none'})",
-              file=sys.stderr, flush=True)
     dm.reference["elapsed_s"] = time.perf_counter() - t0
     path = dm.save()
     if progress:
