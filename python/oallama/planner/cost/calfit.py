@@ -41,8 +41,10 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
 
     Two kinds count bytes where their multiply-adds or their result would mislead (`kind`):
     - a matmul of two activations with one column per head (a decode pass's KQ and KQV: a
-      matrix-vector product) streams its K or V and multiplies little: its bytes read and written
-      (Phi-3's 32 K/V heads cost 3x what Llama 3's 8 shared by 32 queries cost per multiply-add);
+      matrix-vector product) streams its K or V and multiplies little: the K or V elements it reads
+      (in the cache's types: a calibration's, and a device model's, are fixed by its settings; Phi-3's
+      32 K/V heads cost 3x what Llama 3's 8 shared by 32 queries cost per multiply-add). Not its
+      sources' bytes: the V view of a cache without flash attention spans every cell of the context;
     - SET_ROWS (a pass's new K or V rows into the cache) reads its rows and their indices and writes
       the rows: its result and third source are the whole cache, whose size grows with the context
       and not with the work (Phi-3's 4 in a decode pass: 1 ms by the cache's bytes, 35-60 us measured).
@@ -50,7 +52,9 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
     if op == "SET_ROWS" and len(src_ne) >= 3 and tuple(src_ne[2]) == tuple(ne):
         written = math.prod(src_ne[0]) * nbytes / max(math.prod(ne), 1)  # src0's elements in the cache's type
         return float(src_bytes - nbytes + written)
-    if op in MATMUL_OPS and src_ne and kind(op, ne) == op:
+    if kind(op, ne) == VEC and src_ne:
+        return float(math.prod(src_ne[0]))
+    if op in MATMUL_OPS and src_ne:
         return float(src_ne[0][0]) * math.prod(ne)
     if op == "FLASH_ATTN_EXT" and len(src_ne) >= 3:
         q, k, v = src_ne[0], src_ne[1], src_ne[2]
@@ -64,7 +68,8 @@ VEC = "MUL_MAT:vec"  # the kind of a matmul of two activations with one column p
 
 def kind(op: str, ne: Sequence[int]) -> str:
     """The line a node's time is fitted on and costed by: its op, but a MUL_MAT whose result has one
-    column (a decode pass's KQ and KQV, per head and sequence) is VEC, whose work is bytes (`work`)."""
+    column (a decode pass's KQ and KQV, per head and sequence) is VEC, whose work is the K or V
+    elements it reads (`work`)."""
     return VEC if op == "MUL_MAT" and len(ne) > 1 and ne[1] == 1 else op
 
 

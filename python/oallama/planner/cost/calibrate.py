@@ -96,7 +96,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 30  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
+VERSION = 31  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
 # 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
 # an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
 # 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
@@ -117,7 +117,8 @@ VERSION = 30  # of the method: part of a calibrated profile's cache key (8: stre
 # matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`; 29: a SET_ROWS
 # node's work the rows it writes, not the whole cache, and a decode pass's KQ and KQV bytes on a line of their own,
 # `calfit.work`, `calfit.kind`; 30: the attention kinds' lines fitted to spans timed whole at two KV lengths where that
-# is cheap, attnspan.py, `calfit.span_lines`)
+# is cheap, attnspan.py, `calfit.span_lines`; 31: a decode KQ / KQV's work the K or V elements it reads, not its
+# sources' bytes, which for V span the whole context)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
