@@ -19,6 +19,9 @@ predicted again: nothing run, nothing measured. Tried, not taken (README.md).
   29  the rows, both in the fit and in the planner's graphs
   29d the rows, and the attention kinds (MUL_MAT of two activations, SOFT_MAX) in one-token passes
       fitted on lines of their own (`calfit.op_key`)
+  31  on calibration method 31's code (commit a5a69d6 or later), no patches: the stored points given
+      method 31's works (SET_ROWS: `rows_work`; a one-token KQ / KQV: kind VEC, the K or V elements
+      it reads); stored calibrations have no attention spans, so their lines stay node-by-node ones
   29b the rows, and a matmul of two activations with one column per head (a one-token pass's KQ and
       KQV: a matrix-vector product, which streams its K or V) costed by its bytes read and written on
       a line of its own ("MUL_MAT:vec"); the device model's decode spans in those bytes too (the
@@ -135,6 +138,18 @@ def patched_other_ops(self, cal):
     self.detached_us = min(cal.detached_us(self.acc, self.n_tokens), self.overhead_us)
 
 
+def method31_points(points: list) -> list:
+    """Stored method-28 points with method 31's works (run on method 31's code)."""
+    out = []
+    for p in points:
+        if p["op"] == "SET_ROWS":
+            p = {**p, "work": rows_work(p)}
+        elif p["op"] == "MUL_MAT" and not p["weight_type"] and p["n_tokens"] == 1:
+            p = {**p, "kind": "MUL_MAT:vec", "work": float(math.prod(p["src0_ne"]))}
+        out.append(p)
+    return out
+
+
 def vec_spans(spans: list) -> list:
     """The device model's spans with their one-token MUL_MAT nodes in VEC bytes (the reference's heads)."""
     def conv(op, w):
@@ -164,6 +179,8 @@ def main() -> int:
             cal = replace(cal, points=[{**p, "work": rows_work(p)} if p["op"] == "SET_ROWS" else p for p in cal.points])
         if method == "29b":
             cal = replace(cal, points=vec_points(cal.points))
+        if method == "31":
+            cal = replace(cal, points=method31_points(cal.points))
         return calfit.refitted(cal, profile)
 
     if str(out) == "--dm":
