@@ -4,7 +4,8 @@ re-prediction from one characterisation: each held-out cell's stored one-op prof
 matmul times, `SRC`), costed with the calibration the device model in `reference/` gives; nothing
 run, nothing measured.
 
-    python ablate_attention.py VARIANT OUT
+    python ablate_attention.py VARIANT OUT       (on commit 64ae001: version 5's attention factors; from
+                                                  method 30 on the calibration fits them, calfit.span_lines)
 
   none     no attention term: version 4's lines
   slopes   the spans' factors on the attention kinds' slopes only, as this characterisation ran

@@ -14,6 +14,7 @@ predicted again: nothing run, nothing measured. Tried, not taken (README.md).
                                                  (2026-11-26-vm-heldout-devicemodel-v5/reference), its
                                                  reference's calibration (PROFILES) fitted again so, its
                                                  attention factors fitted again from its spans
+                                                 (device model version 5's factors: commit 64ae001)
 
   28  the stored works and `calfit.work` as it is (calibration method 28)
   29  the rows, both in the fit and in the planner's graphs
