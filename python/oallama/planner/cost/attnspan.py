@@ -1,13 +1,12 @@
 """Attention's growth with the KV cache, from spans of the real graph timed whole at two KV
-lengths: the device model's attention term (devicemodel.py).
+lengths: what calibration fits the attention kinds' lines to (calfit.span_lines).
 
 A calibration fits each op kind's line through node-by-node times, each node timed alone less
-what timing a node alone adds (calfit.node_overhead_us). For a model's own passes the split
-totals (anchors) absorb that subtraction's noise; a device model carries the lines to other
-models, whose attention weighs more, and carries the noise with them: two characterisations of
-this VM's CPU (2 threads) put the attention matmuls at 1.11e-5 and 2.16e-5 us per multiply-add,
-and Gemma 3's 2048-token TTFT at 3.9 s against 2.5 s measured
-(bench/results/2026-11-26-vm-heldout-devicemodel-v4).
+what timing a node alone adds (calfit.node_overhead_us), and that subtraction's noise lands in the
+lines: two characterisations of this VM's CPU (2 threads) put the attention matmuls at 1.11e-5 and
+2.16e-5 us per multiply-add (bench/results/2026-11-26-vm-heldout-devicemodel-v4), and one fresh
+calibration of Phi-3 fitted its decode KQ / KQV flat, so that a decode after 2048 tokens cost what
+one after 256 does (bench/results/2026-11-26-vm-heldout-method29).
 
 The same pass over a short and a long KV cache differs only in the nodes whose work grows with
 the cache (KQ, softmax, KQV; flash attention's one node). Each layer's run of them is timed as
@@ -41,9 +40,9 @@ PROMPT_TOKENS = 128  # tokens of the prompt pass
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
 
 
-def cost_s(prompt_us_per_token: float, loads: int) -> float:
-    """Seconds `measure` takes, about: the long prefix filled twice and each block's passes, per load."""
-    return prompt_us_per_token / 1e6 * (2 * LONG_PAST + 3 * REPS * (PROMPT_TOKENS + 1)) * loads
+def cost_s(prompt_us_per_token: float) -> float:
+    """Seconds `measure` takes in one load, about: the long prefix filled twice and each block's passes."""
+    return prompt_us_per_token / 1e6 * (2 * LONG_PAST + 3 * REPS * (PROMPT_TOKENS + 1))
 
 
 def _works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
@@ -92,30 +91,25 @@ def _nodes(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.NodeT
 
 def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dict[str, Any]]:
     passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
-    # node lists and stops, short passes first (the long prefix is filled once, below)
-    plan: list[tuple[int, int, list[tuple[int, int]], list[_core.NodeTime], list[_core.NodeTime]]] = []
+    # node lists, short passes first (the long prefix is filled once, below), and each pass's spans and stops
     shorts = {n: _nodes(llm, tokens, n, past) for n, past in passes}
     longs = {n: _nodes(llm, tokens, n, LONG_PAST) for n, _ in passes}
-    for n, past in passes:
-        plan.append((n, past, spans(shorts[n], longs[n], n, past, LONG_PAST), shorts[n], longs[n]))
+    found = {n: spans(shorts[n], longs[n], n, past, LONG_PAST) for n, past in passes}
+    stops = {n: sorted({k for a, b in sp for k in (a - 1, b)}) for n, sp in found.items()}
     times: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
     for block, kv in (("short", None), ("long", LONG_PAST), ("short", None)):
-        for n, past, sp, _, _ in plan:
-            stops = sorted({k for a, b in sp for k in (a - 1, b)})
-            if sp:
-                times[(n, block)] += _time(llm, tokens, n, past if kv is None else kv, stops, reps)
+        for n, past in passes:
+            if found[n]:
+                times[(n, block)] += _time(llm, tokens, n, past if kv is None else kv, stops[n], reps)
     out = []
-    for n, past, sp, short, long in plan:
-        if not sp:
-            continue
-        stops = sorted({k for a, b in sp for k in (a - 1, b)})
-        ws, wl = _works(short, n, past), _works(long, n, LONG_PAST)
-        for i, (a, b) in enumerate(sp):
-            col = stops.index(b)
-            nodes = [[kind(short[k].op, short[k].ne), ws[k], wl[k]] for k in range(a, b + 1)
-                     if short[k].op not in VIEW_OPS]
+    for n, past in passes:
+        ws, wl = _works(shorts[n], n, past), _works(longs[n], n, LONG_PAST)
+        for i, (a, b) in enumerate(found[n]):
+            col = stops[n].index(b)
+            nodes = [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]] for k in range(a, b + 1)
+                     if shorts[n][k].op not in VIEW_OPS]
             out.append({"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
-                        "device": short[b].device, "nodes": nodes,
+                        "device": shorts[n][b].device, "nodes": nodes,
                         "short_us": statistics.median(r[col] for r in times[(n, "short")]),
                         "long_us": statistics.median(r[col] for r in times[(n, "long")])})
     return out
@@ -123,7 +117,7 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dic
 
 def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: bool = True,
             op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> list[dict[str, Any]]:
-    """The attention spans of `path` (the device model's reference) in a decode pass and a prompt
+    """The attention spans of the model at `path` in a decode pass and a prompt
     pass after a short and a long KV cache: its host load and, with an accelerator (devices: the CPU
     first), the load with every layer that fits on it. Per span: its load, pass, device, non-view
     nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us)."""

@@ -156,8 +156,8 @@ class DeviceCalibration:
 
     def line(self, op: str, n_tokens: int | None = None) -> OpFit | None:
         """The line an op's node takes in a pass of n_tokens: a one-token pass's own where the kind has
-        one ("<op>:1": flash attention's fit apart, `op_key`; a device model's attention scaled for
-        decode, attnspan.py), else the kind's; an op kind not seen: "*" for one whose work is bytes,
+        one ("<op>:1": flash attention's fit apart, `op_key`; the attention kinds' decode lines fitted
+        to spans, `span_lines`), else the kind's; an op kind not seen: "*" for one whose work is bytes,
         the attention matmuls' line for one in multiply-adds."""
         one = self.ops.get(f"{op}:1") if n_tokens == 1 else None
         return one or self.ops.get(op) or self.ops.get("*" if byte_work(op) else "MUL_MAT")

@@ -328,7 +328,7 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     for s in splits:
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
             per_token[s["load"]] += s["split_us"] / n_prefill
-    est = sum(attnspan.cost_s(us, 1) for us in per_token.values())
+    est = sum(attnspan.cost_s(us) for us in per_token.values())
     if not per_token or est > SPANS_S:
         return []
     if progress:
