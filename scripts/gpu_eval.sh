@@ -60,6 +60,13 @@
 #              and every finished configuration is kept.
 #   3. here:   scripts/gpu_eval.sh import <files_at>/gpu-eval-results.tgz && scripts/gpu_eval.sh report
 #
+# Build time: 268-339 s with ggml's flash-attention kernels, about 190 s without them
+# (CMAKE_ARGS=-DGGML_CUDA_FA=OFF, 2026-11-26): the held-out protocol runs flash attention off, so
+# `GPU_EVAL_TESTS=0 CMAKE_ARGS=-DGGML_CUDA_FA=OFF scripts/gpu_eval.sh heldout --max-minutes 9.3` gave
+# its whole GPU verdict (12 cells, the GPU characterised once) in 15 minutes of device time with the
+# machine's start: bench/results/2026-11-26-h100-heldout. Wrap a call in `timeout -s INT N ...;
+# scripts/gpu_eval.sh export "$OUT"` so that a call cut short still hands back what it finished.
+#
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
 # build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),
 # GPU_EVAL_THREADS (default: half the cores), GPU_EVAL_QUICK=1 (with --cpu: tiny, one budget).
@@ -237,11 +244,12 @@ step_build() {
     [ "$rc" = 0 ] || die "the CUDA build failed (rc $rc)"
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade build/gpu-wheel/oallama-*.whl \
         || die "installing the oallama wheel failed"
+    # numpy before libllama-common crashes on that image (see the top): preload it from now on, the
+    # check below included (it segfaulted on a fresh machine, 2026-11-26, where this was set later)
+    export LD_PRELOAD="$root/$SITE/oallama/lib/libllama-common.so"
     $PY -c "import oallama._core as c; assert c.have_cuda, 'built without CUDA'; from oallama.runtime import devices; print([d.name for d in devices.list_devices()])" >&2 \
         || die "the CUDA build does not import or sees no device"
     touch build/gpu-build.ok
-    # what the script's start does on later calls (numpy before libllama-common crashes there)
-    export LD_PRELOAD="$root/$SITE/oallama/lib/libllama-common.so"
     say "CUDA build done in $(( $(date +%s) - t0 )) s"
 }
 

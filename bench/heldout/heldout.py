@@ -164,7 +164,8 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
                 spec = {"cell": name, "setup": setup, "model": model, "model_path": str(path), "model_source": source,
                         "workload": wl,
                         "budget": budget, "accelerator": acc, "threads": threads, "load": load, "plans_dir": str(cell_dir),
-                        "profile": profile_id, "plan_seconds": plan_s, "confirmation": conf.to_json(),
+                        "profile": profile_id, "context_seconds": context_s, "plan_seconds": plan_s,
+                        "confirmation": conf.to_json(),
                         "confirm_seconds": conf.seconds, "confirmed_from": kept.extra.get("winner", "optimal")}
                 measured = _measure_in_child(spec, out)
                 doc = {"protocol": PROTOCOL["version"], "commit": git_commit(), "machine": platform.node(),
@@ -246,6 +247,9 @@ def measure(spec_path: Path) -> None:
         for key, e in by_key.items():
             llms[key] = stack.enter_context(closing(Llama(spec["model_path"], placement=e["file"], **spec["load"],
                                                           flash_attn=False, seed=1234, verbose=False)))
+        # where each load's weights really are ({buffer type: bytes}; a tied weight llama.cpp
+        # duplicates counts twice): the memory the plans were costed for, or not
+        buffers = {k: _buffer_bytes(llm) for k, llm in llms.items()}
         prompt = prompt_tokens(next(iter(llms.values())), wl["prompt"])
         for llm in llms.values():  # warm-up: a first run allocates
             timed_generate(llm, prompt, 2)
@@ -259,12 +263,20 @@ def measure(spec_path: Path) -> None:
         print(file=sys.stderr)
         load_end = os.getloadavg()[0]
         speed_after = hostspeed.measure_devices(spec["threads"], spec["accelerator"])
-    placements = [{**e, "key": k, "rounds": rounds[k],
+    placements = [{**e, "key": k, "rounds": rounds[k], "buffer_bytes": buffers[k],
                    "measured": {m: statistics.median(x[m] for x in rounds[k]) for m in METRICS}}
                   for k, e in by_key.items()]
     (spec_path.parent / "measured.json").write_text(json.dumps({
         "placements": placements, "load_avg_start": load_start, "load_avg_end": load_end,
         "device_speed": {"before": speed_before, "after": speed_after}}, indent=1))
+
+
+def _buffer_bytes(llm: Any) -> dict[str, int]:
+    """{buffer type: weight bytes} of a loaded model (bytes)."""
+    out: dict[str, int] = {}
+    for t in llm.tensor_placements():
+        out[t.buffer_type] = out.get(t.buffer_type, 0) + t.nbytes
+    return out
 
 
 def _host_only(doc: dict[str, Any]) -> bool:
