@@ -319,7 +319,10 @@ class Fit:
             mem = session_memory(s, ctx.acc)
         on = frozenset(t.name for t in placed if t.device == ctx.acc)
         details = {"n_gpu_layers": ngl, "fits": r.fits, "margin_bytes": margin}
-        return Placed(Placement(on, min(max(ngl - 1, 0), ctx.n_layer)), mem, details, raw_overrides=raw)
+        # no patterns: n_gpu_layers alone, as --fit loads (the placement's names would put both copies
+        # of a tied embedding where llama.cpp puts its output copy)
+        return Placed(Placement(on, min(max(ngl - 1, 0), ctx.n_layer)), mem, details, raw_overrides=raw,
+                      stock_layers=not raw)
 
 
 class FlexGen:
