@@ -59,7 +59,7 @@ def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials
 
     from oallama.planner.cost.schedmodel import HOST, NEVER, PassModel, Placement
     from oallama.planner.graph import GraphSession
-    from oallama.runtime.place import compile_patterns
+    from oallama.runtime.place import compile_patterns, explicit
 
     kw = {"devices": [acc], "n_ctx": 256, "n_ubatch": 64}
     with GraphSession(path, **kw) as s:
@@ -75,7 +75,9 @@ def sched_model_mismatches(path: Any, acc: str, n_tokens: int, seed: str, trials
         policy = {w: rng.choice([1, 16, NEVER]) for w in weights if w not in on and rng.random() < 0.7}
         p = Placement(on, [0, 1, 2][trial % 3], policy)
         assign = {w: (acc if w in on else HOST) for w in weights}
-        with GraphSession(path, overrides=compile_patterns(assign), offload_policy=policy,
+        # as oallama's load compiles it (a tied embedding's input copy stays on the host)
+        with GraphSession(path, overrides=compile_patterns(explicit(assign, p.n_gpu_layers, 2, output_device=acc)),
+                          offload_policy=policy,
                           n_gpu_layers=p.n_gpu_layers, **kw) as s:
             real = s.graph(n_tokens)
         model_dev = pm.assign(p)

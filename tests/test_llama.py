@@ -306,23 +306,27 @@ def test_placement_from_a_json_file(tiny_q8: Path, rpc_server: rpc.RpcServer, tm
         llm.close()
 
 
+@pytest.mark.parametrize("embedding", ["host", "accelerator"])
 @pytest.mark.parametrize("n_gpu_layers", [1, 4])
-def test_a_tied_embedding_the_placement_keeps_on_the_host_stays_there_whatever_n_gpu_layers(
-        gemma3_270m: Path, rpc_server: rpc.RpcServer, n_gpu_layers: int) -> None:
+def test_a_tied_embedding_loads_where_the_placement_puts_it_whatever_n_gpu_layers(
+        gemma3_270m: Path, rpc_server: rpc.RpcServer, n_gpu_layers: int, embedding: str) -> None:
     """Gemma 3's output is its input embedding: llama.cpp loads that weight twice, the second copy in
     the output layer, which n_gpu_layers >= 1 puts on the accelerator (plans load with n_gpu_layers
-    for their KV cache). A placement that keeps the embedding on the host keeps both copies there,
-    and the accelerator holds the placed weights' bytes, not 178 MB more."""
+    for their KV cache). Placed on the host, both copies stay there (not 178 MB more on the
+    accelerator); placed on the accelerator, the output copy goes there and the input copy, a lookup,
+    stays on the host, as -ngl loads it (its bytes once)."""
     dev = rpc_server.device_name
     info = gguf_file.read(gemma3_270m)
     assert "output.weight" not in {t.name for t in info.tensors}
     n_layer = int(info.hparam("block_count"))
     last = {n for n in (t.name for t in info.tensors) if n.startswith(f"blk.{n_layer - 1}.")} | {"output_norm.weight"}
+    if embedding == "accelerator":
+        last.add("token_embd.weight")
     placement = {t.name: dev if t.name in last else "CPU" for t in info.tensors}  # every weight, as a plan
     with contextlib.closing(Llama(str(gemma3_270m), devices=["CPU", dev], placement=placement, n_ctx=256,
                                   n_gpu_layers=n_gpu_layers, n_threads=1, verbose=False)) as llm:
-        embd = [t for t in llm.tensor_placements() if t.name == "token_embd.weight"]
-        assert embd and all(t.device == "CPU" for t in embd), [(t.device, t.buffer_type) for t in embd]
+        embd = [t.device for t in llm.tensor_placements() if t.name == "token_embd.weight"]
+        assert embd == (["CPU", dev] if embedding == "accelerator" else ["CPU"]), embd
         assert llm.bytes_per_device()[dev] == sum(info.tensor(n).nbytes for n in last)
         assert len(llm.tokenize(b"hi")) > 0
 

@@ -28,7 +28,8 @@ from helpers import (
 from oallama import BudgetError, Llama, PlanError, UnknownDeviceError, _core
 from oallama.planner.cost.calfit import DeviceCalibration, OpFit
 from oallama.planner.cost.profile import Link, Profile
-from oallama.planner.cost.schedmodel import HOST, NEVER, Placement
+from oallama.planner.cost.schedmodel import HOST, NEVER, PassModel, Placement
+from oallama.planner.graph import GraphSession
 from oallama.planner.plan import (
     STRATEGIES,
     Workload,
@@ -421,6 +422,24 @@ def test_a_plans_memory_is_what_its_load_reserves(fast_ctx, tiny_f16: Path, rpc_
     assert got["model"] > 0 and got == {k: plan.memory[k] for k in got}
     every = reserved(logits_all=True)
     assert every["model"] == got["model"] and every["compute"] > got["compute"]
+
+
+@pytest.mark.parametrize("n_tokens", [1, 32])
+def test_a_tied_embedding_on_the_accelerator_moves_its_output_matmul_not_its_lookup(
+        gemma3_270m: Path, rpc_server: rpc.RpcServer, n_tokens: int) -> None:
+    """A tied model's `token_embd.weight` placed on the accelerator is its output copy there, the
+    input copy on the host (place.explicit, as -ngl loads it): the pass model runs the output matmul
+    on the accelerator and the lookup (GET_ROWS) on the host, and copies neither copy's 178 MB."""
+    acc = rpc_server.device_name
+    with GraphSession(gemma3_270m, devices=[acc], n_ctx=256, n_ubatch=32) as s:
+        g = s.graph(n_tokens)
+    pm = PassModel(g, None, acc, n_layer=18)
+    pm.h2d = pm.d2h = pm.stream = Link(0.0, 1.0)  # bytes per us: copies are counted, not timed here
+    pm.launch = {0: 0.0, 1: 0.0}
+    cost = pm.cost(Placement(frozenset({"token_embd.weight"}), 0))
+    on = {g.nodes[i].op: cost.on_acc[i] for i in pm.order if g.nodes[i].weight == "token_embd.weight"}
+    assert on == {"GET_ROWS": False, "MUL_MAT": True}
+    assert cost.copy_bytes < 2**20
 
 
 def test_plan_file_for_another_model_is_refused(fast_ctx, synth_model, tmp_path: Path) -> None:

@@ -117,7 +117,8 @@ class Plan:
             overrides = list(self.raw_overrides)
         else:
             overrides = [] if self.stock_layers else place.compile_patterns(
-                place.explicit(self.assignment(), self.n_gpu_layers, int(self.model.get("n_layer", 0))))
+                place.explicit(self.assignment(), self.n_gpu_layers, int(self.model.get("n_layer", 0)),
+                               output_device=self.accelerator))
         accs = [self.accelerator] if self.accelerator else []
         buft = {HOST: "CPU", **{a: devmod.resolve(a).buffer_type for a in accs}}
         lays = dict(self.placement.layouts)

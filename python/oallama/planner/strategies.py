@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ..errors import PlanError
 from ..runtime import devices as devmod
-from ..runtime.place import layer_weights
+from ..runtime.place import TIED, layer_weights, tied_output
 from .context import PlanContext
 from .cost.schedmodel import Placement
 from .graph import GraphSession
@@ -80,8 +80,10 @@ class Strategy(Protocol):
 
 
 def place_layers(ctx: PlanContext, n_gpu_layers: int) -> Placement:
-    """What llama.cpp's n_gpu_layers puts on the accelerator (default op offload)."""
-    on = frozenset(w for w in layer_weights(ctx.weight_bytes, n_gpu_layers, ctx.n_layer)
+    """What llama.cpp's n_gpu_layers puts on the accelerator (default op offload); of a tied
+    embedding, the output copy (the placement's `token_embd.weight`, place.explicit)."""
+    tied = {TIED} if n_gpu_layers >= 1 and tied_output(ctx.weight_bytes) else set()
+    on = frozenset(w for w in layer_weights(ctx.weight_bytes, n_gpu_layers, ctx.n_layer) | tied
                    if w in ctx.weight_bytes and w not in ctx.kept_on_host)
     return Placement(on, min(max(n_gpu_layers - 1, 0), ctx.n_layer))
 

@@ -40,7 +40,10 @@ def measure_memory(ctx: PlanContext, p: Placement, *, stock_layers: int | None =
         kw["n_gpu_layers"] = stock_layers
     else:
         assign = {w: (ctx.acc if w in p.on_acc else HOST) for w in ctx.weight_bytes}
-        kw.update(overrides=place.compile_patterns(assign), n_gpu_layers=p.n_gpu_layers,
+        # as the load compiles it (place.explicit): a tied embedding's two copies go where the load puts them
+        kw.update(overrides=place.compile_patterns(place.explicit(assign, p.n_gpu_layers, ctx.n_layer,
+                                                                  output_device=ctx.acc)),
+                  n_gpu_layers=p.n_gpu_layers,
                   offload_policy={w: b for w, b in p.min_batch.items() if w not in p.on_acc} or None)
     with GraphSession(ctx.model.path, **kw) as s:
         return session_memory(s, ctx.acc)

@@ -173,19 +173,29 @@ def tied_output(names: Iterable[str]) -> bool:
 
 
 def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int,
-             resolve: Callable[[str], devmod.Device] = devmod.resolve, tied: bool | None = None) -> dict[str, str]:
+             resolve: Callable[[str], devmod.Device] = devmod.resolve, tied: bool | None = None,
+             output_device: str | None = None) -> dict[str, str]:
     """The entries of `assignment` that need an override: all but the host weights that llama.cpp's
     n_gpu_layers keeps on the host anyway. Those are left to llama.cpp, so they keep the host
     layout it picks (repacked for the CPU's kernels, or a GPU's pinned host memory), which is the
     layout the profile times; an override to the CPU would force plain memory.
+
     tied: the model's output is its input embedding (`tied_output`; None: read from the
-    assignment's names). Then n_gpu_layers >= 1 would load that embedding's output copy on the GPU
-    (a 178 MB copy for Gemma 3 270M): an embedding the assignment keeps on the host is named, and
-    both copies stay there."""
+    assignment's names). llama.cpp loads that embedding twice, and n_gpu_layers >= 1 puts the
+    output copy where it puts the output layer (`output_device`, the accelerator of a one-accelerator
+    load). A tied embedding placed there is left to n_gpu_layers, as `-ngl` loads it: the output
+    copy on the accelerator, the input copy (a lookup of a few rows) on the host, the bytes once.
+    One placed on the host is named, so that both copies stay there (a 178 MB copy for Gemma 3 270M).
+    """
     on_gpu = layer_weights(assignment, n_gpu_layers, n_layer)
-    if n_gpu_layers >= 1 and (tied_output(assignment) if tied is None else tied):
-        on_gpu.add(TIED)
-    return {w: d for w, d in assignment.items() if w in on_gpu or not resolve(d).is_host}
+    out = {w: d for w, d in assignment.items() if w in on_gpu or not resolve(d).is_host}
+    if n_gpu_layers >= 1 and TIED in assignment and (tied_output(assignment) if tied is None else tied):
+        dev = assignment[TIED]
+        if resolve(dev).is_host:
+            out[TIED] = dev
+        elif output_device is not None and resolve(dev).name == resolve(output_device).name:
+            del out[TIED]
+    return out
 
 
 def layout_overrides(layouts: Mapping[str, str], assignment: Mapping[str, str],
@@ -258,6 +268,7 @@ def build_load_spec(model: GGUFInfo, placement: Mapping[str, str] | None,
     lay_ov = layout_overrides(lays, assignment, resolve)
     buft.update({lay: lay for _, lay in lay_ov})
     tied = tied_output(t.name for t in model.tensors)
-    return LoadSpec(assignment, names,
-                    lay_ov + raw + compile_patterns(explicit(assignment, n_gpu_layers, n_layer, resolve, tied)),
+    output_device = names[-1] if names is not None and len(names) == 1 else None
+    return LoadSpec(assignment, names, lay_ov + raw + compile_patterns(
+        explicit(assignment, n_gpu_layers, n_layer, resolve, tied, output_device)),
                     buft, lays, dual_max_batch)

@@ -48,6 +48,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ...runtime.place import TIED, tied_output
 from ...runtime.planfile import NEVER  # noqa: F401  (planner modules use schedmodel.NEVER)
 from ..graph import AttentionLayers, Graph, Node, class_key, layer_of, node_layer
 from .calfit import Calibration, kind, work
@@ -106,8 +107,10 @@ class Placement:
 
     @property
     def n_gpu_layers(self) -> int:
-        """llama.cpp's n_gpu_layers giving kv_layers: it counts the output layer first."""
-        return self.kv_layers + 1 if self.kv_layers > 0 else 0
+        """llama.cpp's n_gpu_layers giving kv_layers: it counts the output layer first. With no KV
+        layer on the accelerator, 1 where the input embedding is placed there: of a tied model, the
+        load then puts its output copy there alone (place.explicit)."""
+        return self.kv_layers + 1 if self.kv_layers > 0 else int(TIED in self.on_acc)
 
     def with_layouts(self, layouts: Mapping[str, str], dual_max_batch: int = 0) -> Placement:
         return Placement(self.on_acc, self.kv_layers, self.min_batch, dict(layouts), dual_max_batch)
@@ -180,6 +183,10 @@ class PassModel:
             if [n.name for n in full_graph.nodes] != [n.name for n in graph.nodes]:
                 raise ValueError("full-offload graph differs from the base graph")
             pins_full = {n.index for n in full_graph.nodes if n.caller_pinned}
+        # a tied model's input lookups (GET_ROWS of token_embd): the load keeps that copy on the host
+        # wherever the plan puts the embedding, whose placement is its output copy's (place.explicit)
+        tied = tied_output(lf.weight for lf in graph.leafs if lf.weight)
+        self.lookups = {n.index for n in graph.nodes if tied and n.weight == TIED and n.op == "GET_ROWS"}
         # per mode (False: some layers on the host, True: every layer offloaded)
         self.kinds: dict[bool, dict[int, Kind]] = {}
         self.anchor_map: dict[bool, dict[int, tuple[int | None, int | None]]] = {}
@@ -195,6 +202,8 @@ class PassModel:
         for i in self.order:
             for s in graph.nodes[i].srcs:
                 src, nbytes = self._source(s), graph.tensor(s).nbytes
+                if i in self.lookups and src == ("w", TIED):
+                    src = ("c", 0, TIED)  # the input copy, on the host wherever the output copy is
                 self.reads[i].append((src, nbytes))
                 self.read_bytes[src] = max(self.read_bytes.get(src, 0), nbytes)
         # a streamed expert tensor moves only its routed experts: weight -> share copied
@@ -319,7 +328,7 @@ class PassModel:
         if n.pinned:
             layer = self.kv_layer(n.index)
             return ("kv", layer) if layer is not None else ("c", int(n.pinned == self.acc))
-        if n.is_input:
+        if n.is_input or n.index in self.lookups:
             return ("c", 0)
         if n.weight and n.op not in _NOT_PINNED_BY_WEIGHT:
             offloadable = (self.op_offload and op_batch(n) > 0 and self.acc in n.supported_on
