@@ -327,6 +327,7 @@ def test_a_tied_embedding_loads_where_the_placement_puts_it_whatever_n_gpu_layer
                                   n_gpu_layers=n_gpu_layers, n_threads=1, verbose=False)) as llm:
         embd = [t.device for t in llm.tensor_placements() if t.name == "token_embd.weight"]
         assert embd == (["CPU", dev] if embedding == "accelerator" else ["CPU"]), embd
+        assert llm.tensor_devices()["token_embd.weight"] == (dev if embedding == "accelerator" else "CPU")
         assert llm.bytes_per_device()[dev] == sum(info.tensor(n).nbytes for n in last)
         assert len(llm.tokenize(b"hi")) > 0
 

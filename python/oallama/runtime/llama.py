@@ -470,10 +470,14 @@ class Llama(llama_cpp.Llama):
         ]
 
     def tensor_devices(self) -> dict[str, str]:
-        """weight name -> device name, read back from the loaded model (first copy of a name)."""
+        """weight name -> device name, read back from the loaded model: the first copy of a name, but
+        of a tied embedding the last, its output copy, which is what a placement names (place.explicit)."""
         out: dict[str, str] = {}
         for t in self.tensor_placements():
-            out.setdefault(t.name, t.device)
+            if t.name == place.TIED:
+                out[t.name] = t.device
+            else:
+                out.setdefault(t.name, t.device)
         return out
 
     def bytes_per_device(self) -> dict[str, int]:

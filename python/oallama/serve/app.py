@@ -203,15 +203,13 @@ class PlacedLlamaProxy(LlamaProxy):
 def placement_report(llm: Llama, alias: str) -> dict[str, Any]:
     """What GET /placement answers: where every weight is, read back from the loaded model, and
     the plan (strategy, budget, workload, predicted TTFT/TPOT) when the placement was planned."""
-    tensors: dict[str, str] = {}
+    tensors = llm.tensor_devices()  # a weight llama.cpp duplicates: the copy a placement names, once
+    nbytes = {t.name: t.nbytes for t in llm.tensor_placements()}
     per_device: dict[str, dict[str, int]] = {}
-    for t in llm.tensor_placements():
-        if t.name in tensors:
-            continue  # a tied weight llama.cpp duplicates: its first copy, as tensor_devices()
-        tensors[t.name] = t.device
-        d = per_device.setdefault(t.device, {"tensors": 0, "bytes": 0})
+    for name, dev in tensors.items():
+        d = per_device.setdefault(dev, {"tensors": 0, "bytes": 0})
         d["tensors"] += 1
-        d["bytes"] += t.nbytes
+        d["bytes"] += nbytes[name]
     plan = llm.plan
     plan_info = None
     if plan is not None:
