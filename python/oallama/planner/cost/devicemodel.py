@@ -37,8 +37,9 @@ SCALE: costed by a "*" fit over every op) and its 256-wide heads' attention. Wit
 the median kind's line (version 4; bench/results/2026-11-26-vm-devicemodel-unseen-ops) what is left of
 it is the attention matmuls, whose line the reference fits at its own head sizes. The reference's
 attention lines fitted to its spans timed whole at two KV lengths (calibration method 30, version 6)
-and a decode pass's KQ and KQV costed by their bytes (method 29): bench/results/2026-11-26-vm-setrows,
-bench/results/2026-11-26-vm-heldout-method30.
+and a decode pass's KQ and KQV costed by what they read (methods 29, 31): bench/results/2026-11-26-vm-setrows,
+bench/results/2026-11-26-vm-heldout-method31-device. On an H100 machine, held out, it costs host-only
+placements 18% too slow (bench/results/2026-11-26-h100-heldout).
 """
 
 from __future__ import annotations
