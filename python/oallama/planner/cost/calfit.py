@@ -15,17 +15,14 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ...errors import ProfileError
 from ..graph import node_layer
 from .realpass import MATMUL_OPS, VIEW_OPS
-from .rounds import context_bounded
 from .routing import Routing
 
-SYNC_BOUND = 4.0  # a pass size's nodes timed one by one over its splits run whole beyond which its node times are
-# mostly synchronisation (its weight matmuls then at their one-op time, `_anchored`; an H100's passes: 1.6-3.2)
 ANCHOR_OPS = 0.5  # a pass size gets its own factor on a device where it timed at least this share of the ops
 # of the device's fullest timed pass (`_anchored`)
 
@@ -139,9 +136,6 @@ class DeviceCalibration:
     n_matmuls: int = 0
     anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
     anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
-    # n_tokens -> the weight matmuls' own factor where it is not `anchors`' (a pass size whose node-by-node
-    # times were mostly synchronisation: its matmuls at their one-op time, `_anchored`)
-    mm_anchors: dict[int, float] = field(default_factory=dict)
 
     def factor(self, n_tokens: int | None) -> float:
         """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
@@ -152,7 +146,7 @@ class DeviceCalibration:
         """Real-graph / profile time of weight matmuls in a pass of n_tokens. One ratio for every
         shape: a ratio per shape (calibration method 18-26) did no better on the held-out set, and
         a little worse (bench/results/2026-11-26-vm-refit-ablation)."""
-        return self.matmul_scale * interpolated({**self.anchors, **self.mm_anchors}, n_tokens)
+        return self.matmul_scale * interpolated(self.anchors, n_tokens)
 
     def line(self, op: str, n_tokens: int | None = None) -> OpFit | None:
         """The line an op's node takes in a pass of n_tokens: a one-token pass's own where the kind has
@@ -222,27 +216,22 @@ class Calibration:
     def from_json(doc: dict[str, Any]) -> Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
                                      v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
-                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
-                                     {int(n): float(r) for n, r in (v.get("mm_anchors") or {}).items()})
+                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
                 for d, v in doc["devices"].items()}
-        return Calibration(devs, doc["pass_a_us"], doc["pass_b_us"], doc.get("elapsed_s", 0.0), doc.get("points", []),
-                           doc.get("splits", []), dict(doc.get("stream") or {}), dict(doc.get("scatter") or {}),
-                           Routing.from_json(doc["routing"]) if doc.get("routing") else None,
-                           {d: list(v) for d, v in (doc.get("detached") or {}).items()}, doc.get("decode_us"),
-                           list(doc.get("rounds_outside") or []), list(doc.get("rounds_detached") or []),
-                           list(doc.get("rounds_alone") or []), doc.get("layouts"),
-                           {d: dict(v) for d, v in (doc.get("links") or {}).items()}, list(doc.get("spans") or []))
+        known = {f.name for f in fields(Calibration)} - {"devices", "routing"}  # a field absent or null: its default
+        return Calibration(devs, routing=Routing.from_json(doc["routing"]) if doc.get("routing") else None,
+                           **{k: v for k, v in doc.items() if k in known and v is not None})
 
     def renamed(self, ren: dict[str, str]) -> Calibration:
-        return Calibration({ren.get(k, k): v for k, v in self.devices.items()}, self.pass_a_us, self.pass_b_us,
-                           self.elapsed_s, self.points, self.splits,
-                           {ren.get(k, k): v for k, v in self.stream.items()},
-                           {ren.get(k, k): v for k, v in self.scatter.items()}, self.routing,
-                           {ren.get(k, k): v for k, v in self.detached.items()}, self.decode_us,
-                           self.rounds_outside, [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_detached],
-                           [{ren.get(k, k): v for k, v in r.items()} for r in self.rounds_alone], self.layouts,
-                           {ren.get(k, k): v for k, v in self.links.items()},
-                           [{**sp, "device": ren.get(sp["device"], sp["device"])} for sp in self.spans])
+        """The same with its devices renamed (`ren`: old -> new name) wherever a device names an entry."""
+        def by_dev(d: dict[str, Any]) -> dict[str, Any]:
+            return {ren.get(k, k): v for k, v in d.items()}
+
+        return replace(self, devices=by_dev(self.devices), stream=by_dev(self.stream), scatter=by_dev(self.scatter),
+                       detached=by_dev(self.detached), links=by_dev(self.links),
+                       rounds_detached=[by_dev(r) for r in self.rounds_detached],
+                       rounds_alone=[by_dev(r) for r in self.rounds_alone],
+                       spans=[{**sp, "device": ren.get(sp["device"], sp["device"])} for sp in self.spans])
 
 
 class _Op:
@@ -295,7 +284,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
     split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
     the totals, only the shares."""
-    raw_splits, splits = list(splits), context_bounded(splits)
+    splits = list(splits)
     by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_dev[p["device"]].append(p)
@@ -337,7 +326,7 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     decode = [us for n, us in overheads if n == 1]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = line(prompt or overheads)
-    return Calibration(devs, a, b, points=list(points), splits=raw_splits, routing=routing,
+    return Calibration(devs, a, b, points=list(points), splits=splits, routing=routing,
                        decode_us=statistics.median(decode) if decode and prompt else None, spans=list(spans))
 
 
@@ -357,18 +346,12 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
     modelled: dict[tuple, float] = defaultdict(float)
-    mm_by_n: dict[int, float] = defaultdict(float)  # n_tokens -> the timed weight matmuls' one-op time
-    mm_mod_by_n: dict[int, float] = defaultdict(float)  # ... and as modelled (scaled)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
             continue
         if p["weight_type"] and p["op"] in MATMUL_OPS:
-            t = _profile_us(profile, dev, p, routing)
-            t_mod = t * dc.matmul_scale
-            modelled[k] += t_mod
-            mm_by_n[int(k[1])] += t
-            mm_mod_by_n[int(k[1])] += t_mod
+            modelled[k] += _profile_us(profile, dev, p, routing) * dc.matmul_scale
         else:
             modelled[k] += dc.node_time_us(p.get("kind", p["op"]), p["work"])
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
@@ -395,25 +378,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         ops_by_n[n] = max(ops_by_n[n], c)
     most = max(ops_by_n.values(), default=0)
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
-    # A pass size whose nodes, timed one by one, took SYNC_BOUND x its splits run whole was mostly
-    # synchronisation (a small model's decode pass on a loopback rpc-server: 16-34x): what is left of a
-    # node's time after the overhead h is the round trip's noise (qwen3moe-small: its 151936-row output matmul at 0.42 ms on the rpc-server, 1.86 ms alone, when all
-    # its decode ops together were anchored to the pass). There the weight matmuls keep their one-op
-    # time, which the profile measures apart from the round trip, and the other ops take the rest.
-    mm_anchors: dict[int, float] = {}
-    node_mode: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for s in splits:
-        node_mode[int(s["n_tokens"])][0] += s["ops_us"]
-        node_mode[int(s["n_tokens"])][1] += s["split_us"]
-    for n, (m, _) in by_n.items():
-        timed, whole = node_mode.get(n, (0.0, 0.0))
-        mm = mm_by_n.get(n, 0.0)  # the one-op profile's time of the pass's timed weight matmuls
-        rest = by_n[n][1] - mm_mod_by_n[n] * r  # the other ops, globally scaled
-        if n not in anchors or whole <= 0 or timed < SYNC_BOUND * whole or mm <= 0 or rest <= 0 or m < mm:
-            continue
-        anchors[n] = (m - mm) / rest
-        mm_anchors[n] = 1.0 / (dc.matmul_scale * r)
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, mm_anchors)
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
 
 
 def pass_kind(n_tokens: int | None) -> str:

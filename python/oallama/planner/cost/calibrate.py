@@ -21,14 +21,7 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
                      synchronisation (an rpc-server's round trip), the fits cannot tell a decode
                      op's few microseconds from a prompt op's hundreds; each pass size's splits
                      fix its own total (a pass of another size: the factors of the timed sizes
-                     around it, interpolated on log tokens); a decode split timed slower than
-                     the same pass over a longer KV cache ran in a slow phase of the machine and
-                     is bounded by it first (`context_bounded`); and where a pass size's nodes
-                     timed one by one took SYNC_BOUND x the pass run whole (a small model on a
-                     loopback rpc-server: 16-34x), its weight matmuls keep their one-op time and
-                     only the other ops are anchored (`mm_anchors`): there the nodes' times are the
-                     round trip's noise, and scaling the matmuls with them priced a 1.6-ms output
-                     matmul at 0.4 ms;
+                     around it, interpolated on log tokens);
 
 and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
@@ -96,29 +89,9 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 31  # of the method: part of a calibrated profile's cache key (8: streamed weights timed; 9: scattered;
-# 10: a mixture of experts' routing recorded; 11: sampling as the generation loop samples, a host pass without
-# an rpc-server attached; 12: short calibrations repeated, the round with the fastest host passes kept;
-# 13: a second prompt size, a decode pass's time outside the graph apart from a prompt's; 14: up to 5
-# rounds, each timed pass from the round it ran fastest in; 15: a device's decode split no slower than
-# the same pass over a longer KV cache, `context_bounded`; 16: split-mode runs that spread more than 20%
-# repeated, and the host load alone repeated when whole rounds cannot be; 17: a pass size whose nodes timed
-# one by one were mostly synchronisation keeps its weight matmuls at their one-op time, SYNC_BOUND; 18: each
-# weight matmul shape's share from its node times, mm_shares; the node overhead at most a cheap decode op's time;
-# 19: a pass's time outside its graph the least over the rounds, and so its time without the accelerator;
-# 20: both times outside the graph, with and without the accelerator, the median over the rounds, the one
-# without it as measured, not a round's outside time less its own difference; 21: the second prompt size
-# 2x the first when 4x is too slow, every load reserved once more before its first pass (runtime.llama); 22: the
-# host's passes with its weights repacked and plain, `layouts`; a pass size anchored only where it timed most ops;
-# 23: `layouts` every round, the rounds' median ratio kept; 24: `layouts` times one pass per size node by node in
-# both loads, each weight matmul shape's plain / repacked ratio, `context.plain_times`; 25: each timed decode
-# pass another token after a pass of yet another, `_Load.batch`, realpass.timed_eval; 26: each pass, streamed and
-# scattered pass from the round of its median time, not its fastest, `rounds.merge_rounds`; 27: no per-shape shares of the weight
-# matmuls' ratio; 28: an unseen op kind at the median byte-work kind's line, `calfit.unseen_op_fit`; 29: a SET_ROWS
-# node's work the rows it writes, not the whole cache, and a decode pass's KQ and KQV bytes on a line of their own,
-# `calfit.work`, `calfit.kind`; 30: the attention kinds' lines fitted to spans timed whole at two KV lengths where that
-# is cheap, attnspan.py, `calfit.span_lines`; 31: a decode KQ / KQV's work the K or V elements it reads, not its
-# sources' bytes, which for V span the whole context)
+VERSION = 32  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+# docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
+# longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...

@@ -346,9 +346,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             for dev, dc in cal.devices.items():
                 print(f"  {dev}: {len(dc.ops) - 1} op kinds fitted; weight matmuls {dc.matmul_scale:.2f} x their "
                       f"one-op time; {dc.node_overhead_us:.1f} us per node timed alone; per pass size x "
-                      f"{', '.join(f'{r:.2f} ({n} tok)' for n, r in sorted(dc.anchors.items())) or '1'}"
-                      + (f"; weight matmuls at their one-op time at {', '.join(map(str, sorted(dc.mm_anchors)))} tok"
-                         if dc.mm_anchors else ""))
+                      f"{', '.join(f'{r:.2f} ({n} tok)' for n, r in sorted(dc.anchors.items())) or '1'}")
         if o.output:
             print(f"wrote {prof.save(o.output)}")
     return 0

@@ -3,8 +3,7 @@
 This VM (and any shared machine) runs the same pass in two speed states 1.5x apart for seconds to
 minutes. The calibration therefore measures in rounds (calibrate.py) and keeps each timed pass from
 the round of its median time (`merge_rounds`): the fastest of several rounds is biased low, and the
-runs being planned for meet the slow phases too; a decode pass that still measured slower than the
-same pass over a longer KV cache is bounded by it before the fit (`context_bounded`). A pass's time
+runs being planned for meet the slow phases too. A pass's time
 outside its graph, with and without the accelerator attached, is the median over the rounds, the
 statistic the bench reports of its own rounds: the fastest splits' round's let one slow measurement
 reach every prediction (gpt-oss-small's decode pass: 2.07 ms outside its graph in one calibration,
@@ -45,22 +44,19 @@ def _pass_key(d: dict[str, Any]) -> tuple[str, int, int]:
     return (str(d.get("load")), int(d["n_tokens"]), int(d["n_past"]))
 
 
-def merge_rounds(rounds: Sequence[Round], pick: str = "median") -> Round:
+def merge_rounds(rounds: Sequence[Round]) -> Round:
     """Each timed pass (load, tokens, KV length) from the round of its median time (the slower middle
-    one of an even number; pick "fastest": the round whose splits ran it fastest, which biases every
-    prediction fast): its nodes and splits together; its time outside the graph the median over the
+    one of an even number, `middle`): its nodes and splits together; its time outside the graph the median over the
     rounds (`middle`); the streamed and scattered passes from the round of their median wall; what a
     detached load saves from the round of the median time its host passes spent outside their graphs,
     and each pass's measured time outside
     its graph without the accelerator, the median over the rounds (`alone`: calibrate.py fits what a
     detached load saves from it and the kept times)."""
-    if pick not in ("fastest", "median"):
-        raise ValueError(f"pick '{pick}': fastest or median")
     if not rounds:
         raise ValueError("no calibration rounds to merge")
 
     def chosen(order: list[Any]) -> Any:  # order: rounds (or their measurements) sorted fastest first
-        return order[0] if pick == "fastest" else order[len(order) // 2]
+        return order[len(order) // 2]
 
     totals: list[dict[tuple[str, int, int], float]] = []
     for r in rounds:
@@ -121,22 +117,3 @@ def _alone(rounds: Sequence[Round]) -> dict[str, dict[tuple[int, int], float]]:
             for k, us in a.items():
                 per[acc][k].append(us)
     return {acc: {k: middle(v) for k, v in d.items()} for acc, d in per.items()}
-
-
-def context_bounded(splits: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The timed splits with each device's share of a pass bounded by its share of the same pass
-    over a longer KV cache (same load and tokens): the longer one runs the same ops on more cells,
-    so a shorter one measured slower ran in one of the machine's slow phases, which the calibration's
-    rounds did not escape (QwQ's host decode: 83.7 ms after 32 tokens, 64.8 after
-    510, where the same pass measured 62 ms in one process; bench/results/2026-11-24-vm-handback).
-    Its splits are scaled down to the longer pass's total."""
-    total: dict[tuple[Any, ...], float] = defaultdict(float)
-    for s in splits:
-        total[(s.get("load"), s["device"], int(s["n_tokens"]), int(s["n_past"]))] += float(s["split_us"])
-    scale: dict[tuple[Any, ...], float] = {}
-    for (load, dev, n, past), us in total.items():
-        longer = [v for (l2, d2, n2, p2), v in total.items() if (l2, d2, n2) == (load, dev, n) and p2 > past]
-        if longer and us > 0 and min(longer) < us:
-            scale[(load, dev, n, past)] = min(longer) / us
-    return [({**s, "split_us": float(s["split_us"]) * f} if (f := scale.get(
-        (s.get("load"), s["device"], int(s["n_tokens"]), int(s["n_past"])))) else s) for s in splits]
