@@ -380,16 +380,18 @@ step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc s
     local setups=gpu dev=(--device CUDA0 --synthetic-only)  # no registry there: Gemma's synthetic twin
     [ $CPU = 1 ] && { setups=rpc; dev=(); }
     [ $VULKAN = 1 ] && { setups=vulkan; dev=(); }
-    [ "${GPU_EVAL_QUICK:-0}" = 1 ] && dev+=(--models gemma3-270m)
+    # GPU_EVAL_QUICK=1: one model of the protocol (v1: Gemma 3)
+    [ "${GPU_EVAL_QUICK:-0}" = 1 ] && dev+=(--models "$([ "${GPU_EVAL_PROTOCOL:-2}" = 1 ] && echo gemma3-270m || echo qwen3-8b-2l)")
     # a cell already started runs to its end (minutes at most): none starts in the last two
     local m; m=$(python3 -c "print(round($(left_min) - 2, 2))")
     python3 -c "import sys; sys.exit(0 if $m > 0.5 else 1)" || { say "no time left for the held-out protocol: run again"; return 3; }
     say "held-out protocol (setups $setups, cells started for $m min) -> $(heldout_dir)"
     local rc=0
     # costed from the device model (planner/cost/devicemodel.py: the GPU characterised once, on the reference
-    # model, before the first cell); GPU_EVAL_CALIBRATION=model: each model's own calibration, as protocol v1 ran
+    # model, before the first cell); GPU_EVAL_CALIBRATION=model: each model's own calibration, as protocol v1 ran;
+    # GPU_EVAL_PROTOCOL: the protocol's version (default the newest; 1 with GPU_EVAL_QUICK=1: v1's Gemma cells)
     $PY bench/heldout/heldout.py -o "$(heldout_dir)" --setups "$setups" "${dev[@]}" --max-minutes "$m" \
-        --calibration "${GPU_EVAL_CALIBRATION:-device}" >&2 || rc=$?
+        --protocol-version "${GPU_EVAL_PROTOCOL:-2}" --calibration "${GPU_EVAL_CALIBRATION:-device}" >&2 || rc=$?
     [ $rc = 0 ] || [ $rc = 3 ] || die "the held-out protocol failed (rc $rc)"
     return $rc
 }

@@ -280,6 +280,12 @@ def test_placement_across_two_devices(tiny_q8: Path, rpc_server: rpc.RpcServer, 
         per_device = llm.bytes_per_device()
         assert sum(per_device.values()) == info.weight_bytes
         assert per_device[dev] == sum(info.tensor(n).nbytes for n, d in placement.items() if d == dev)
+        # the host's weights in host buffer types (mapped, or repacked), the server's in its own
+        per_buffer = llm.bytes_per_buffer_type()
+        host_types = {t.buffer_type for t in llm.tensor_placements() if t.is_host}
+        assert host_types <= {"CPU", "CPU_Mapped", "CPU_REPACK"}
+        assert sum(per_buffer[b] for b in host_types) == info.weight_bytes - per_device[dev]
+        assert sum(per_buffer.values()) == info.weight_bytes
 
         scores = _scores(llm, reference.tokens)
         assert scores.shape == reference.scores.shape and np.isfinite(scores).all()

@@ -25,7 +25,8 @@ from oallama.model.synthetic import PRESETS
 MakeModel = Callable[..., Path]
 
 # the big presets are tested with real per-layer shapes but few layers (CI has 2 cores)
-BIG = {"llama3-8b": 2, "qwq-32b": 1, "minicpm3-4b": 2, "phi3-mini": 2, "gemma3-270m": 2, "gemma3-4b": 1}
+BIG = {"llama3-8b": 2, "qwq-32b": 1, "minicpm3-4b": 2, "phi3-mini": 2, "gemma3-270m": 2, "gemma3-4b": 1,
+       "qwen3-8b": 1, "starcoder2-7b": 1}
 VOCAB_TESTS = Path(__file__).resolve().parents[1] / "third_party/llama.cpp/src/models"
 
 
@@ -206,6 +207,28 @@ def test_big_preset_runs(preset: str, make_model: MakeModel) -> None:
             assert np.isfinite(logits).all()
             assert logits.std() > 0.1
             llm.eval([int(np.argmax(logits))])
+
+
+@pytest.mark.parametrize(("preset", "ops", "absent"), [("starcoder2-7b", {"NORM", "GELU"}, {"RMS_NORM", "SWIGLU"}),
+                                                     ("qwen3-8b", {"RMS_NORM", "SWIGLU"}, {"NORM", "GELU"})])
+def test_a_held_out_architecture_runs_its_own_graph(preset: str, ops: set[str], absent: set[str],
+                                                   make_model: MakeModel) -> None:
+    """Protocol v2's architectures (bench/heldout): llama.cpp builds each one's own graph from the file
+    (starcoder2: LayerNorm, a GELU FFN without a gate, a bias on every projection; qwen3: a norm of each
+    head's query and key), and every tensor the preset writes is one its loader reads."""
+    from oallama.planner.graph import GraphSession
+
+    path = make_model(preset, "q4_k_m", n_layer=1)
+    with GraphSession(path, n_ctx=256, n_ubatch=8) as s:
+        g = s.graph(8)
+        kinds = {n.op for n in g.nodes}
+        assert ops <= kinds and not absent & kinds
+        loaded = {t.name for t in s.model_tensors()}
+    assert loaded == {t.name for t in read(path).tensors}
+    if preset == "starcoder2-7b":  # biases on the projections and norms, added in the graph
+        assert {"blk.0.attn_q.bias", "blk.0.ffn_up.bias", "blk.0.attn_norm.bias", "output_norm.bias"} <= loaded
+    else:
+        assert {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= loaded
 
 
 def test_gemma3_preset_is_the_real_files_tensor_for_tensor(gemma3_270m: Path, make_model: MakeModel) -> None:

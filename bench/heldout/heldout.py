@@ -72,6 +72,17 @@ PROTOCOL: dict[str, Any] = {
     "rounds": 3,  # independent measurement: alternated rounds of the whole workload
     "here": ["rpc", "vulkan", "cpu"],  # the setups of a machine without a GPU
 }
+# version 2, fixed on 2026-11-26 before anything was fitted to it: version 1's setups, workloads and rounds
+# on architectures neither the grids nor version 1 used. The cost model's changes made after version 1's
+# results were seen (calibration methods 27-32, the device model's versions 4-6) are scored here.
+PROTOCOLS: dict[int, dict[str, Any]] = {1: PROTOCOL, 2: {**PROTOCOL, "version": 2, "models": {
+    "qwen3-8b-2l": {"source": "synth", "preset": "qwen3-8b", "qtype": "q4_k_m", "layers": 2,
+                    "what": "Qwen3-8B's shapes, 2 of its 36 layers, Q4_K_M (qwen3: dense, query/key norms per "
+                            "head, a 151936-row output)"},
+    "starcoder2-7b-2l": {"source": "synth", "preset": "starcoder2-7b", "qtype": "q4_k_m", "layers": 2,
+                         "what": "StarCoder2-7B's shapes, 2 of its 32 layers, Q4_K_M (starcoder2: LayerNorm and "
+                                 "biases, a GELU FFN without a gate)"},
+}}}
 OWN = ("layers", "fit", "n-cpu-moe")  # llama.cpp's own placements
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
@@ -91,7 +102,7 @@ def model_path(name: str, models_dir: Path, synthetic_only: bool = False) -> tup
     types; random values)."""
     from oallama.model import registry, synthetic
 
-    m = PROTOCOL["models"][name]
+    m = next(v["models"][name] for v in PROTOCOLS.values() if name in v["models"])  # names are unique
     if m["source"] == "registry" and not synthetic_only:
         return registry.fetch(m["name"]), "registry"
     preset, qtype, layers = ((m["name"], "q4_k_m", None) if m["source"] == "registry"
@@ -249,7 +260,7 @@ def measure(spec_path: Path) -> None:
                                                           flash_attn=False, seed=1234, verbose=False)))
         # where each load's weights really are ({buffer type: bytes}; a tied weight llama.cpp
         # duplicates counts twice): the memory the plans were costed for, or not
-        buffers = {k: _buffer_bytes(llm) for k, llm in llms.items()}
+        buffers = {k: llm.bytes_per_buffer_type() for k, llm in llms.items()}
         prompt = prompt_tokens(next(iter(llms.values())), wl["prompt"])
         for llm in llms.values():  # warm-up: a first run allocates
             timed_generate(llm, prompt, 2)
@@ -269,14 +280,6 @@ def measure(spec_path: Path) -> None:
     (spec_path.parent / "measured.json").write_text(json.dumps({
         "placements": placements, "load_avg_start": load_start, "load_avg_end": load_end,
         "device_speed": {"before": speed_before, "after": speed_after}}, indent=1))
-
-
-def _buffer_bytes(llm: Any) -> dict[str, int]:
-    """{buffer type: weight bytes} of a loaded model (bytes)."""
-    out: dict[str, int] = {}
-    for t in llm.tensor_placements():
-        out[t.buffer_type] = out.get(t.buffer_type, 0) + t.nbytes
-    return out
 
 
 def _host_only(doc: dict[str, Any]) -> bool:
@@ -316,7 +319,8 @@ def report(out: Path) -> str:
     cells = [json.loads(f.read_text()) for f in sorted((out / "cells").glob("*.json"))]
     if not cells:
         raise SystemExit(f"{out}: no finished cells")
-    lines = [f"# Held-out evaluation, protocol version {PROTOCOL['version']} (bench/heldout/README.md)", "",
+    versions = ", ".join(str(v) for v in sorted({c.get("protocol", 1) for c in cells}))
+    lines = [f"# Held-out evaluation, protocol version {versions} (bench/heldout/README.md)", "",
              f"Commit(s) {', '.join(sorted({c['commit'][:10] for c in cells}))}; machine(s) "
              f"{', '.join(sorted({c['machine'] for c in cells}))}, {cells[0]['cpu_count']} CPUs; {len(cells)} cells, "
              f"{PROTOCOL['rounds']} alternated rounds of the whole workload each; load average "
@@ -391,7 +395,12 @@ def report(out: Path) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    global PROTOCOL
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--protocol-version", type=int, choices=sorted(PROTOCOLS), default=max(PROTOCOLS),
+                     help="which version's models (default: the newest; README's \"The set\")")
+    PROTOCOL = PROTOCOLS[pre.parse_known_args()[0].protocol_version]  # the defaults below are its
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[pre], allow_abbrev=False)
     ap.add_argument("-o", "--output", type=Path, help="results directory")
     ap.add_argument("--setups", default=",".join(PROTOCOL["here"]), help="comma-separated, from "
                     f"{','.join(PROTOCOL['setups'])}")
@@ -420,6 +429,9 @@ def main() -> int:
     if a.output is None:
         ap.error("-o/--output is required")
     out = a.output.resolve()
+    if unknown := [m for m in a.models.split(",") if m not in PROTOCOL["models"]]:
+        ap.error(f"--models {','.join(unknown)}: not in protocol version {PROTOCOL['version']}'s "
+                 f"({', '.join(PROTOCOL['models'])}; --protocol-version picks another)")
     if a.group:
         setup, model, k = a.group
         run_group(out, setup, model, PROTOCOL["workloads"][int(k)], a.device, a.synthetic_only, a.deadline,
@@ -439,6 +451,7 @@ def main() -> int:
                         continue
                     log(f"{setup} / {model} / {PROTOCOL['workloads'][k]}")
                     cmd = [sys.executable, __file__, "-o", str(out), "--group", setup, model, str(k),
+                           "--protocol-version", str(PROTOCOL["version"]),
                            *(["--device", a.device] if a.device else []),
                            *(["--synthetic-only"] if a.synthetic_only else []),
                            "--calibration", a.calibration, *(["--repredict", str(a.repredict)] if a.repredict else []),

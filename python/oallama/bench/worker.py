@@ -93,11 +93,7 @@ def run_worker(spec_path: str) -> int:
     mem.sample()
     placed = llm.tensor_placements()
     acc_bytes = sum(t.nbytes for t in placed if t.device == acc)
-    # bytes per buffer type: a streamed weight's copy rate depends on the memory it leaves from
-    # (pinned "CUDA_Host", pageable "CPU_Mapped" / "CPU", repacked "CPU_REPACK")
-    buffer_bytes: dict[str, int] = {}
-    for t in placed:
-        buffer_bytes[t.buffer_type] = buffer_bytes.get(t.buffer_type, 0) + t.nbytes
+    buffer_bytes = llm.bytes_per_buffer_type()  # a streamed weight's copy rate depends on its memory
     plan_doc = json.loads(Path(spec["plan_file"]).read_text())
     want = plan_doc.get("placement") or {}
     got = llm.tensor_devices()

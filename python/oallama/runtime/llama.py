@@ -482,7 +482,16 @@ class Llama(llama_cpp.Llama):
 
     def bytes_per_device(self) -> dict[str, int]:
         """Weight bytes held on each device (bytes)."""
+        return self._bytes_by(lambda t: t.device)
+
+    def bytes_per_buffer_type(self) -> dict[str, int]:
+        """Weight bytes in each buffer type (bytes): the memory a weight sits in, which sets the rate a
+        streamed weight's copy leaves at (pinned "CUDA_Host", pageable "CPU_Mapped" / "CPU", repacked
+        "CPU_REPACK")."""
+        return self._bytes_by(lambda t: t.buffer_type)
+
+    def _bytes_by(self, key: Callable[[TensorPlacement], str]) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.tensor_placements():
-            out[t.device] = out.get(t.device, 0) + t.nbytes
+            out[key(t)] = out.get(key(t), 0) + t.nbytes
         return out

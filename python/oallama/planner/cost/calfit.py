@@ -345,7 +345,9 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
-    modelled: dict[tuple, float] = defaultdict(float)
+    modelled: dict[tuple, float] = defaultdict(float)  # with each kind's prompt line, a decode pass's too: its
+    # decode lines ("<op>:1") fitted to spans already give the spans' measured times, and anchoring them again
+    # made the held-out error larger (bench/results/2026-11-26-vm-ablation-sync-context)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
