@@ -138,3 +138,31 @@ def test_cpus_a_server_or_client_cannot_have_are_named() -> None:
     with pytest.raises(RpcServerError, match="leaves the client none"):
         rpc.beside(tuple(mine))
     assert os.sched_getaffinity(0) == mine
+
+
+@pytest.mark.parametrize("n_models", [4, 6])
+def test_several_models_on_one_server_load_and_its_memory_reads_while_they_hold_it(tiny_q8, n_models: int) -> None:
+    """An rpc-server serves one connection at a time and queues one more (`listen(fd, 1)`); every model
+    of a process shares that one connection. A TCP probe while a model holds it waits in the queue,
+    and the next one times out: confirmation by measurement loads several placements at once (the
+    fourth of four failed: "cannot reach rpc-server ... timed out"). With models holding the server,
+    loads and memory queries use the held connection and do not probe."""
+    from oallama.runtime.llama import Llama
+
+    with rpc.start_server(threads=1) as server:
+        dev = server.device_name
+        llms = []
+        try:
+            for _ in range(n_models):
+                llms.append(Llama(str(tiny_q8), devices=["CPU", dev], placement={"output.weight": dev},
+                                  n_ctx=64, verbose=False))
+                free, total = devices.device_memory(dev)
+                assert 0 < free <= total
+            for llm in llms:
+                assert llm.tensor_devices()["output.weight"] == dev
+                llm.eval(llm.tokenize(b"Hello"))  # the held connection still serves each of them
+        finally:
+            for llm in llms:
+                llm.close()
+        # every model closed: the server answers probes again
+        devices.probe_endpoint(server.endpoint, timeout=5.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import re
 import socket
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
@@ -27,6 +28,11 @@ from .rpc import RPC_TIMEOUT_S
 
 _RPC_NAME = re.compile(r"^RPC\[(?P<endpoint>[^\]]+)\](?:#(?P<index>\d+))?$")
 _PROBE_TIMEOUT_S = 5.0
+# endpoint -> models of this process loaded on it. They share ggml's one connection to the server, which
+# serves one connection at a time and queues one more (`listen(fd, 1)`): while they hold it, a TCP probe
+# would wait in that queue and the next would time out, so none is made (`probe_endpoint`); a server that
+# dies under them fails the held connection instead (`failed_rpc_endpoints`, the rpc timeout).
+_held: Counter[str] = Counter()
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,11 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 def probe_endpoint(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> None:
-    """Raise RpcServerError unless something accepts TCP connections at `endpoint`."""
+    """Raise RpcServerError unless something accepts TCP connections at `endpoint`; nothing to check
+    while a model of this process holds the server's connection (`hold_rpc`)."""
     host, port = parse_endpoint(endpoint)
+    if _held[endpoint] > 0:
+        return
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass
@@ -142,6 +151,15 @@ def rpc_endpoint(name: str) -> str | None:
     """'RPC[host:port]' or 'RPC[host:port]#1' -> 'host:port'; None for any other device name."""
     m = _RPC_NAME.match(name.strip()) if isinstance(name, str) else None  # a bad plan entry: checked later
     return m["endpoint"] if m else None
+
+
+def hold_rpc(endpoints: Iterable[str]) -> None:
+    """A model loaded on these rpc-servers holds this process's connection to each (until `release_rpc`)."""
+    _held.update(endpoints)
+
+
+def release_rpc(endpoints: Iterable[str]) -> None:
+    _held.subtract(endpoints)
 
 
 def failed_rpc_endpoints(endpoints: Iterable[str]) -> list[str]:

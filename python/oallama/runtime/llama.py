@@ -406,6 +406,8 @@ class Llama(llama_cpp.Llama):
         self._native_model: _core.Model | None = _core.Model(self._model)
         self._native_context: _core.Context | None = _core.Context(self._ctx)
         if self._rpc_endpoints:
+            devmod.hold_rpc(self._rpc_endpoints)  # its connection serves the next model's load too
+            self._rpc_held = True
             _C.llama_synchronize(self._ctx.ctx)  # the servers' queued work has run (or failed)
             if failed := devmod.failed_rpc_endpoints(self._rpc_endpoints):
                 self.close()
@@ -437,6 +439,9 @@ class Llama(llama_cpp.Llama):
         # our checks can refuse a model before llama_cpp.Llama.__init__ ran: nothing to free then
         if hasattr(self, "_stack"):
             super().close()
+        if getattr(self, "_rpc_held", False):
+            devmod.release_rpc(self._rpc_endpoints)
+            self._rpc_held = False
 
     @property
     def native_context(self) -> _core.Context:
