@@ -297,6 +297,46 @@ def test_each_pass_size_is_anchored_to_its_own_splits() -> None:
                                  ).devices["RPC"].anchors == dc.anchors
 
 
+@pytest.mark.parametrize("timed_alone_us", [200.0, 2.0], ids=["rpc-round-trip", "cpu"])
+def test_a_pass_size_timed_mostly_as_synchronisation_is_anchored_with_the_lines_it_is_costed_with(
+        timed_alone_us: float) -> None:
+    """A decode pass of 20 ADDs (5 us each) and 4 FLASH_ATTN_EXTs (a line of their own at one token,
+    "FLASH_ATTN_EXT:1"), a prompt pass of the same at 100 and 400 us. Timed alone, each node pays
+    `timed_alone_us` (+-30%). Over an rpc-server's round trip those node times are mostly the timing's
+    synchronisation (`sync_bound`): the decode pass, costed with its own lines, sums to its measured split.
+    On the CPU (2 us) the anchor keeps the kinds' prompt lines (they did better on the held-out set)."""
+    import random
+
+    from oallama.planner.cost.calfit import sync_bound
+
+    rng = random.Random(11)
+    points, splits = [], []
+    for n, add_us, fa_us in ((1, 5.0, 30.0), (32, 100.0, 400.0)):
+        ops = [("ADD", 4096.0 * n, add_us)] * 20 + [("FLASH_ATTN_EXT", 1e4 * n * (i + 1), fa_us * (i + 1) / 2.5)
+                                                    for i in range(4)]
+        for op, w, us in ops:
+            points.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "op": op, "device": "RPC",
+                           "weight_type": "", "work": w,
+                           "us": us + timed_alone_us * (1 + rng.uniform(-0.3, 0.3))})
+        points.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "op": "VIEW",
+                       "device": "RPC", "weight_type": "", "work": 0.0, "us": timed_alone_us})
+        splits.append({"load": "accelerator", "n_tokens": n, "n_past": 64, "split": 0, "device": "RPC",
+                       "n_ops": len(ops), "n_views": 1, "split_us": timed_alone_us + sum(us for _, _, us in ops),
+                       "ops_us": sum(p["us"] for p in points if p["n_tokens"] == n and p["op"] != "VIEW")})
+    dc = fit(points, [], None, splits).devices["RPC"]
+    assert "FLASH_ATTN_EXT:1" in dc.ops
+    decode = [p for p in points if p["n_tokens"] == 1 and p["op"] != "VIEW"]
+    measured = splits[0]["split_us"] - timed_alone_us
+    own = sum(dc.node_time_us(p["op"], p["work"], 1) for p in decode)  # as a decode pass is costed
+    prompt_lines = sum(dc.node_time_us(p["op"], p["work"]) for p in decode)
+    if timed_alone_us > 100:
+        assert sync_bound(splits) == {1, 32}
+        assert own == pytest.approx(measured, rel=1e-6)
+    else:
+        assert sync_bound(splits) == set()
+        assert prompt_lines * dc.factor(1) == pytest.approx(measured, rel=1e-6)
+
+
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 

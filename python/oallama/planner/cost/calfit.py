@@ -25,6 +25,9 @@ from .routing import Routing
 
 ANCHOR_OPS = 0.5  # a pass size gets its own factor on a device where it timed at least this share of the ops
 # of the device's fullest timed pass (`_anchored`)
+SYNC_SHARE = 2.0  # a pass size whose nodes timed one by one took this many times its splits run whole: mostly
+# the timing's own synchronisation (an rpc-server's round trip per node); its anchor is taken with the lines its
+# predictions use (`_anchored`)
 
 def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]], src_bytes: int,
          attended: float | None = None) -> float:
@@ -345,9 +348,15 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
-    modelled: dict[tuple, float] = defaultdict(float)  # with each kind's prompt line, a decode pass's too: its
-    # decode lines ("<op>:1") fitted to spans already give the spans' measured times, and anchoring them again
-    # made the held-out error larger (bench/results/2026-11-26-vm-ablation-sync-context)
+    # With each kind's prompt line, a decode pass's too: its decode lines ("<op>:1") fitted to spans already give
+    # the spans' measured times, and anchoring them again made the held-out error larger
+    # (bench/results/2026-11-26-vm-ablation-sync-context). Not where the pass's nodes timed alone were mostly
+    # synchronisation (`sync_bound`): there a span's time less one node's overhead is the round trip's noise, its
+    # lines' intercepts with it, and only the anchor taken with them makes the timed pass cost what it measured
+    # (the mid model's decode with every layer on a loopback rpc-server: 2.3-4.5 ms over six calibrations, 3.8
+    # measured; 3.8-4.3 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
+    own = sync_bound(splits)
+    modelled: dict[tuple, float] = defaultdict(float)
     for p in pts:
         k = tuple(p.get(f) for f in key)
         if k not in measured or p["op"] in VIEW_OPS:
@@ -355,7 +364,8 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         if p["weight_type"] and p["op"] in MATMUL_OPS:
             modelled[k] += _profile_us(profile, dev, p, routing) * dc.matmul_scale
         else:
-            modelled[k] += dc.node_time_us(p.get("kind", p["op"]), p["work"])
+            n = int(p["n_tokens"])
+            modelled[k] += dc.node_time_us(p.get("kind", p["op"]), p["work"], n if n in own else None)
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
     total_f = sum(modelled.values())
     if total_m <= 0 or total_f <= 0:
@@ -381,6 +391,16 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     most = max(ops_by_n.values(), default=0)
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
     return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
+
+
+def sync_bound(splits: Sequence[dict[str, Any]]) -> set[int]:
+    """Pass sizes (tokens) whose nodes, timed one by one, took SYNC_SHARE x or more the time of their splits
+    run whole (one device's splits): what those node times hold is mostly the timing's synchronisation."""
+    timed: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in splits:
+        timed[int(s["n_tokens"])][0] += s["ops_us"]
+        timed[int(s["n_tokens"])][1] += s["split_us"]
+    return {n for n, (ops, whole) in timed.items() if whole > 0 and ops >= SYNC_SHARE * whole}
 
 
 def pass_kind(n_tokens: int | None) -> str:

@@ -21,7 +21,8 @@ runs the model's real graph through llama.cpp with the scheduler's eval callback
                      synchronisation (an rpc-server's round trip), the fits cannot tell a decode
                      op's few microseconds from a prompt op's hundreds; each pass size's splits
                      fix its own total (a pass of another size: the factors of the timed sizes
-                     around it, interpolated on log tokens);
+                     around it, interpolated on log tokens), with the lines its predictions use
+                     where its node times were mostly that synchronisation (`calfit.sync_bound`);
 
 and `pass_us = a + b * n_tokens`: a prompt pass's wall time outside its graph (llama.cpp's decode
 around the graph, paired with the graph's own time within each split-mode run, plus sampling the
@@ -89,9 +90,12 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 32  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 33  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
-# longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context)
+# longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
+# whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
+# a pass size whose node times were mostly synchronisation anchored with its own lines, `calfit.sync_bound`,
+# bench/results/2026-11-26-vm-rpc-decode-anchor)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...

@@ -51,8 +51,11 @@ def timed_eval(llm: Any, timer: _core.NodeTimer | None, prefix: list[int], toks:
     tokens'), as a decode pass of that many sequences does (the context must reserve them:
     `decode_load_kwargs`); the output matmul is most of such a pass (the 8B's at 4 columns: 29 ms
     where 1 took 9.6)."""
+    # the pass before the timed one stops where the timed one does: a decode pass reuses that pass's graph, and a
+    # backend reuses its work by the graph's id only where a whole split ran as one (patch 0009: an rpc-server
+    # recomputes the graph it holds instead of receiving it again, as in a generation)
     if timer is not None:
-        timer.reset([])
+        timer.reset(stops)
     n_past = len(prefix)
     if llm.n_tokens >= n_past and list(llm.input_ids[:n_past]) == list(prefix):
         llm.n_tokens = n_past  # the prefix's KV cells are still there: evaluate on from them
