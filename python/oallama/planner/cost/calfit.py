@@ -353,8 +353,8 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     # (bench/results/2026-11-26-vm-ablation-sync-context). Not where the pass's nodes timed alone were mostly
     # synchronisation (`sync_bound`): there a span's time less one node's overhead is the round trip's noise, its
     # lines' intercepts with it, and only the anchor taken with them makes the timed pass cost what it measured
-    # (the mid model's decode with every layer on a loopback rpc-server: 2.3-4.5 ms over six calibrations, 3.8
-    # measured; 3.8-4.3 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
+    # (the mid model's decode with every layer on a loopback rpc-server: 2.35-4.19 ms over six calibrations, 4.00
+    # measured; 3.67-4.23 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
     own = sync_bound(splits)
     modelled: dict[tuple, float] = defaultdict(float)
     for p in pts:
