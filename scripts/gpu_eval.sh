@@ -66,6 +66,11 @@
 # its whole GPU verdict (12 cells, the GPU characterised once) in 15 minutes of device time with the
 # machine's start: bench/results/2026-11-26-h100-heldout. Wrap a call in `timeout -s INT N ...;
 # scripts/gpu_eval.sh export "$OUT"` so that a call cut short still hands back what it finished.
+# With 15 minutes of device time a session gets one full call: on an H200 (2026-11-26) the build took
+# 231 s, the device model and the first profile 89 s, then each qwen3-8b-2l cell about 30 s; a second call issued a minute
+# after the first found the machine given back and spent its time building again
+# (bench/results/2026-11-26-h200-heldout). Put every device check into that one call
+# (bench/gpu/splitmode.py: patch 0009 on the accelerator, 10 s).
 #
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
 # build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),

@@ -155,6 +155,28 @@ def test_op_time_interpolates_between_measured_column_counts() -> None:
         p.op_time_us("GPU", op(1))
 
 
+@pytest.mark.parametrize("launch_us", [8.0, 11981.0], ids=["launch-8us", "launch-12ms-disturbed"])
+def test_an_op_s_compute_is_its_time_less_a_launch_no_slower_than_the_device_s_fastest_op(launch_us: float) -> None:
+    # every op's profiled time includes one launch: a launch timed slower than the fastest op cannot
+    # be subtracted whole (the fastest op's time is then all launch, as far as the profile can tell)
+    key = Profile.op_key
+    ops = {"CPU": {key("MUL_MAT", "q6_K", (4096, 1024), 1): {"median_us": 46.0},
+                   key("MUL_MAT", "q6_K", (4096, 151936), 1): {"median_us": 10281.0},
+                   key("MUL_MAT", "q1_0", (4096, 1024), 1): {"unsupported": True}}}
+    p = Profile("k", "s", {"CPU": {"launch_us": launch_us}}, Settings(1), {}, ops, {})
+
+    def op(shape: tuple[int, int]) -> TargetOp:
+        return TargetOp(0, "x", "MUL_MAT", "w", "q6_K", shape, 1, 0, 1, 0, 0, 0, (), ())
+
+    launch = min(launch_us, 46.0)
+    assert p.launch_us("CPU") == launch
+    assert p.compute_us("CPU", op((4096, 151936))) == pytest.approx(10281.0 - launch)
+    assert p.compute_us("CPU", op((4096, 1024))) == pytest.approx(max(46.0 - launch, 4.6))
+    # an rpc-server's launch, a round trip like its ops', is taken as measured
+    p.devices["RPC[127.0.0.1:1]"], p.ops["RPC[127.0.0.1:1]"] = {"kind": "rpc", "launch_us": launch_us}, ops["CPU"]
+    assert p.launch_us("RPC[127.0.0.1:1]") == launch_us
+
+
 def test_link_fit() -> None:
     link = Link.fit([(1000, 12.0), (2000, 14.0), (4000, 18.0)])
     assert link.latency_us == pytest.approx(10.0) and link.bytes_per_us == pytest.approx(500.0)

@@ -9,7 +9,7 @@ curves and the time outside the graph are the stored profile's; only the devices
 are re-fitted (`--fit current`), or kept as stored (`--fit stored`: today's graphs and pass model
 with the fit the set was planned with).
 
-    python bench/heldout/refit.py SRC -o OUT [--fit current|stored] [--setups cpu,rpc]
+    python bench/heldout/refit.py SRC -o OUT [--fit current|stored] [--setups cpu,rpc] [--stand-in]
 
 SRC: a held-out results directory (cells/, plans/, profiles/); OUT gets cells/ and summary.md in
 heldout.py's format. The Vulkan setup is left out unless named (it needs a Vulkan build).
@@ -31,9 +31,11 @@ import heldout
 from provenance import git_commit
 
 
-def repredict_cell(src: Path, out: Path, cell: dict[str, Any], fit: str, refit: Callable[..., Any] | None = None) -> None:
+def repredict_cell(src: Path, out: Path, cell: dict[str, Any], fit: str, refit: Callable[..., Any] | None = None,
+                   stand_in: bool = False) -> None:
     """One cell of `src` predicted again into `out`; refit(calibration, profile): the fit (default
-    calfit.refitted, this checkout's)."""
+    calfit.refitted, this checkout's); stand_in: a loopback rpc-server's name for an accelerator this
+    machine lacks (the gpu setup's CUDA0): the graphs are built for it, every time is the profile's."""
     from oallama.planner import plan as planmod
     from oallama.planner.cost.profile import Profile
     from oallama.planner.cost.schedmodel import HOST
@@ -50,7 +52,8 @@ def repredict_cell(src: Path, out: Path, cell: dict[str, Any], fit: str, refit: 
         if refit is None:
             from oallama.planner.cost.calfit import refitted as refit
         profile.calibration = refit(profile.calibration, profile)
-    server = rpc.start_server(threads=st["server_threads"], cpus=st["server_cpus"]) if setup == "rpc" else None
+    server = (rpc.start_server(threads=st["server_threads"], cpus=st["server_cpus"]) if setup == "rpc"
+              else rpc.start_server(threads=1) if stand_in and cell.get("accelerator") else None)
     try:
         acc = server.device_name if server else cell["accelerator"]
         profile = profile.renamed([HOST, acc] if acc else [HOST])
@@ -66,7 +69,9 @@ def repredict_cell(src: Path, out: Path, cell: dict[str, Any], fit: str, refit: 
     finally:
         if server is not None:
             server.stop()
-    cell.update({"repredicted_from": str(src), "repredict_commit": git_commit(), "fit": fit})
+    cell.update({"repredicted_from": str(src), "repredict_commit": git_commit(), "fit": fit,
+                 **({"stand_in": "a loopback rpc-server for " + cell["accelerator"]} if stand_in and setup != "rpc"
+                    and cell.get("accelerator") else {})})
     (out / "cells").mkdir(parents=True, exist_ok=True)
     (out / "cells" / f"{cell['cell']}.json").write_text(json.dumps(cell, indent=1))
 
@@ -77,6 +82,8 @@ def main() -> int:
     ap.add_argument("-o", "--output", type=Path, required=True)
     ap.add_argument("--fit", choices=("current", "stored"), default="current")
     ap.add_argument("--setups", default="cpu,rpc")
+    ap.add_argument("--stand-in", action="store_true", help="cells of an accelerator this machine lacks (gpu): "
+                    "their graphs built for a loopback rpc-server, costed with the stored profile's times")
     a = ap.parse_args()
     setups = set(a.setups.split(","))
     t0 = time.perf_counter()
@@ -84,7 +91,7 @@ def main() -> int:
         cell = json.loads(f.read_text())
         if cell["setup"] not in setups:
             continue
-        repredict_cell(a.src, a.output, cell, a.fit)
+        repredict_cell(a.src, a.output, cell, a.fit, stand_in=a.stand_in)
         heldout.log(f"{cell['cell']}: predicted again ({a.fit} fit, {time.perf_counter() - t0:.0f} s)")
     print(heldout.report(a.output))
     return 0
