@@ -156,7 +156,7 @@ def test_op_time_interpolates_between_measured_column_counts() -> None:
 
 
 @pytest.mark.parametrize("launch_us", [8.0, 11981.0], ids=["launch-8us", "launch-12ms-disturbed"])
-def test_an_op_s_compute_is_its_time_less_a_launch_no_slower_than_the_device_s_fastest_op(launch_us: float) -> None:
+def test_an_op_s_compute_is_its_time_less_the_least_of_its_device_s_launch_timings_and_fastest_op(launch_us: float) -> None:
     # every op's profiled time includes one launch: a launch timed slower than the fastest op cannot
     # be subtracted whole (the fastest op's time is then all launch, as far as the profile can tell)
     key = Profile.op_key
@@ -172,6 +172,10 @@ def test_an_op_s_compute_is_its_time_less_a_launch_no_slower_than_the_device_s_f
     assert p.launch_us("CPU") == launch
     assert p.compute_us("CPU", op((4096, 151936))) == pytest.approx(10281.0 - launch)
     assert p.compute_us("CPU", op((4096, 1024))) == pytest.approx(max(46.0 - launch, 4.6))
+    # timed again around the profile (host_speed), undisturbed: the least of the three
+    p.host_speed = {"before": {"host": {"launch_us": 7.0}}, "after": {"host": {"launch_us": 9.0}}}
+    assert p.launch_us("CPU") == min(launch_us, 7.0)
+    assert p.compute_us("CPU", op((4096, 151936))) == pytest.approx(10281.0 - min(launch_us, 7.0))
     # an rpc-server's launch, a round trip like its ops', is taken as measured
     p.devices["RPC[127.0.0.1:1]"], p.ops["RPC[127.0.0.1:1]"] = {"kind": "rpc", "launch_us": launch_us}, ops["CPU"]
     assert p.launch_us("RPC[127.0.0.1:1]") == launch_us

@@ -269,13 +269,19 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     before = hostspeed.measure_devices(settings.threads, acc)
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress,
                    known=known)
+    # before the calibration: a launch timed while the machine was disturbed is taken as timed around it
+    prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before}
+    for d in devs:
+        timed, taken = float(prof.devices[d.name].get("launch_us", 0.0)), prof.launch_us(d.name)  # us
+        if progress and taken < timed / 2:
+            print(f"profile: {d.name}'s launch timed {timed:.0f} us, slower than its timings just before or its "
+                  f"fastest op: taken as {taken:.0f} us (Profile.launch_us)", file=sys.stderr)
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress,
                                      attention=settings.attention(), decode=settings.decode_tokens)
         prof.elapsed_s += prof.calibration.elapsed_s
-    prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before,
-                       "after": hostspeed.measure_devices(settings.threads, acc)}
+    prof.host_speed["after"] = hostspeed.measure_devices(settings.threads, acc)
     if cache:
         prof.save(cached)
     return prof
