@@ -382,7 +382,7 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     on_acc = {w for w, d in plan.assignment().items() if d == rpc_server.device_name}
     assert on_acc, "the favourable profile should put weights on the rpc device"
     prompt, n = "Once upon a time, in a land far away, there lived", 12
-    wl = plan.workload  # loaded as the runtime loads a plan (tests/helpers.real_runs)
+    wl = plan.workload  # loaded as the runtime loads a plan (bench/scripts/bench_prediction.py: real_runs)
     settings = {"n_ctx": wl.n_ctx, "n_batch": wl.n_ubatch, "n_ubatch": wl.n_ubatch, "n_threads": 1, "flash_attn": False}
     with contextlib.closing(Llama(str(tiny_f16), placement=str(plan.save(tmp_path / "plan.json")), verbose=False,
                                   **settings)) as llm:

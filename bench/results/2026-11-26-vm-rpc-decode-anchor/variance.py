@@ -3,8 +3,8 @@
 model (n_embd 1024, 4 blocks, q8_0) on the CPU + a loopback rpc-server (1 thread each), workload prompt 32,
 gen 16. N fresh calibrations, each placement's predicted TPOT by the fit of calibration method 32 (every
 pass anchored with the kinds' prompt lines, `calfit.SYNC_SHARE` = inf) and method 33 (as this checkout
-fits it), the same measurements re-fitted; then the placements run in alternated rounds (tests/helpers.py
-real_runs) and their measured TPOT. Also, per calibration: the decode split on the rpc-server as timed.
+fits it), the same measurements re-fitted; then the placements run in alternated rounds (bench/scripts/bench_prediction.py
+real_runs, then tests/helpers.py) and their measured TPOT. Also, per calibration: the decode split on the rpc-server as timed.
 
     python variance.py N REPS > variance.txt
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers import real_runs  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench" / "scripts"))
+from bench_prediction import real_runs  # noqa: E402
 from oallama.model import synthetic  # noqa: E402
 from oallama.planner.cost import calfit  # noqa: E402
 from oallama.planner.plan import Workload, build_context, make_plan  # noqa: E402
