@@ -387,6 +387,8 @@ step_heldout() {  # bench/heldout/README.md: resumable by cell; --cpu: the rpc s
     [ $VULKAN = 1 ] && { setups=vulkan; dev=(); }
     # GPU_EVAL_QUICK=1: one model of the protocol (v1: Gemma 3)
     [ "${GPU_EVAL_QUICK:-0}" = 1 ] && dev+=(--models "$([ "${GPU_EVAL_PROTOCOL:-2}" = 1 ] && echo gemma3-270m || echo qwen3-8b-2l)")
+    # GPU_EVAL_HELDOUT_MODELS=a,b: those models, in that order (a session's cells where an earlier one stopped)
+    [ -n "${GPU_EVAL_HELDOUT_MODELS:-}" ] && dev+=(--models "$GPU_EVAL_HELDOUT_MODELS")
     # a cell already started runs to its end (minutes at most): none starts in the last two
     local m; m=$(python3 -c "print(round($(left_min) - 2, 2))")
     python3 -c "import sys; sys.exit(0 if $m > 0.5 else 1)" || { say "no time left for the held-out protocol: run again"; return 3; }

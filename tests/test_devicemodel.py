@@ -3,7 +3,6 @@ every other model costed from it without running its graph, a shape-only file ne
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +217,8 @@ def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_mode
     ops = cal.devices["CPU"].ops
     assert f"{calfit.VEC}:1" in ops and "SOFT_MAX:1" in ops
     again = calfit.refitted(cal, ctx.profile).devices["CPU"].ops
-    # the same lines, to rounding: the stored profile may take a smaller launch than the fit saw (host_speed's
-    # "after", timed once the calibration was done: Profile.launch_us), which moves the matmul scale and the
-    # anchor it divides by in their last bits (a CI run: 3.5233214081231224e-05 against ...23e-05)
-    assert set(again) == set(ops) and all(astuple(again[k]) == pytest.approx(astuple(ops[k]), rel=1e-9) for k in ops)
+    # the same lines: the stored profile takes the launch the fit saw (Profile.launch_us)
+    assert again == ops
     without = calfit.fit(cal.points, [], ctx.profile, cal.splits, cal.routing).devices["CPU"].ops
     assert f"{calfit.VEC}:1" not in without  # the decode lines come from the spans
     other = synthetic.write_model(tiny_q8.parent / "other-shape.gguf", "mid", "q8_0", n_layer=2, shape_only=True,

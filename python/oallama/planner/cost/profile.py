@@ -249,18 +249,21 @@ class Profile:
     def launch_us(self, device: str) -> float:
         """One tiny graph run and waited for (us): what every op's profiled time includes. On a CPU
         or a GPU it is a fixed cost that a disturbance only lengthens, so the least of its timings
-        (each a median): the profile's own and `host_speed`'s just before and after it, bounded by
-        the device's fastest profiled op, which includes one. A host's launch has been timed at 12 ms
-        beside matmuls of 46 us and up, and at 7 us before and after: taken as it was, it would leave
-        every op on the device a tenth of its time (`compute_us`). An rpc-server's launch and op
-        times are each a network round trip, of two lengths (bimodal): taken as measured."""
+        (each a median): the profile's own and `host_speed`'s just before it, bounded by the
+        device's fastest profiled op, which includes one. A host's launch has been timed at 12 ms
+        beside matmuls of 46 us and up, and at 7 us just before: taken as it was, it would leave
+        every op on the device a tenth of its time (`compute_us`). Not `host_speed`'s "after": it is
+        timed once the calibration is done, so a calibration would be fitted with one launch and
+        applied with another. An rpc-server's launch and op times are each a network round trip, of
+        two lengths (bimodal): taken as measured."""
         d = self.devices.get(device, {})
         measured = float(d.get("launch_us", 0.0))  # us
         if d.get("kind") == "rpc":
             return measured
         role = "host" if device == "CPU" else "accelerator"  # hostspeed.measure_devices' roles
-        around = [float(r[role]["launch_us"]) for r in (self.host_speed.get(w) for w in ("before", "after"))
-                  if isinstance(r, dict) and isinstance(r.get(role), dict) and "launch_us" in r[role]]  # us
+        before = self.host_speed.get("before")
+        around = ([float(before[role]["launch_us"])] if isinstance(before, dict) and isinstance(before.get(role), dict)
+                  and "launch_us" in before[role] else [])  # us
         fastest = [float(v["median_us"]) for v in self.ops.get(device, {}).values()
                    if not v.get(UNSUPPORTED) and "median_us" in v]  # us
         return min([measured, *around, *fastest])
