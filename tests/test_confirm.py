@@ -11,6 +11,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -156,6 +157,26 @@ def test_decision_rule(challenger: list[float], kept: str) -> None:
     chosen, _, ratios = C.decide(cands)
     assert chosen.labels == [kept]
     assert ratios["optimal"]["paired_rounds"] == len(challenger)
+
+
+@pytest.mark.parametrize(("layers_bytes", "fit_bytes", "kept"), [
+    (296 * 2**20, 296 * 2**20, "optimal"),  # -ngl 0's compute buffers over a 260 MiB budget (an H200 cell)
+    (296 * 2**20, 200 * 2**20, "fit"),  # fit within it: the rule as below, with fit the baseline
+    (200 * 2**20, 200 * 2**20, "layers"),  # both within it: the rule as below
+], ids=["own-over-budget", "fit-within", "own-within"])
+def test_a_placement_over_the_budget_is_never_kept(layers_bytes: int, fit_bytes: int, kept: str) -> None:
+    """`optimal` measured 1.2x llama.cpp's `layers` and 1.1x its `fit` (3 equal rounds each): each of
+    those kept only where its load (llama.cpp's accounting) fits the budget, else the fastest that does."""
+    budget = 260 * 2**20
+    cands = [_cand(["layers"], True, [100.0] * 3), _cand(["fit"], True, [109.0] * 3),
+             _cand(["optimal"], False, [120.0] * 3)]
+    for c, total in zip(cands, (layers_bytes, fit_bytes, 0), strict=True):
+        c.plan = SimpleNamespace(memory={"total": total}, budget_bytes=budget)  # type: ignore[assignment]
+    chosen, why, ratios = C.decide(cands)
+    assert chosen.labels == [kept], why
+    assert ("budget" in why) == (kept != "layers")
+    if kept == "optimal":  # compared with llama.cpp's best all the same
+        assert ratios["optimal"]["vs_baseline"] == pytest.approx(1.2)
 
 
 @pytest.mark.parametrize(("challenger", "first_run", "kept"), [

@@ -7,7 +7,11 @@ the next distinct plans, loads them (all at once when memory allows, else one at
 workload on each in alternated rounds -- its prompt at its stated length, then decode steps -- and
 keeps the measured fastest. A plan departs from the best of llama.cpp's placements only when it
 measured faster than it by more than the rounds' spread (and more than `TIE`), over at least
-`MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept. The result,
+`MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept. A placement
+over the budget by llama.cpp's accounting is never kept: `-ngl 0` still puts op offload's compute
+buffers on the accelerator, 296-332 MiB beside budgets of 138-277 MiB on an H200
+(bench/results/2026-11-27-h200-heldout). It is measured, as the reference the others are compared
+with, and the fastest placement within the budget is kept. The result,
 every candidate's predicted and measured times, goes into the plan file (`extra["confirmation"]`)
 and a cache keyed by everything it depends on::
 
@@ -172,8 +176,44 @@ def shortlist(ctx: PlanContext, plans: Mapping[str, Plan], limit: int = MAX_CAND
 # --- the decision -------------------------------------------------------------------------------
 
 
+def over_budget(c: Candidate) -> int:
+    """Bytes by which the candidate's load exceeds its plan's budget on the accelerator (llama.cpp's
+    accounting); 0 within it, or without a plan to read."""
+    if c.plan is None:
+        return 0
+    return max(int(c.plan.memory.get("total", 0)) - int(c.plan.budget_bytes), 0) if c.plan.budget_bytes else 0
+
+
 def decide(cands: Sequence[Candidate], tie: float = TIE,
            min_rounds: int = MIN_ROUNDS) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
+    """`_decide` over the placements within the budget. Where none of llama.cpp's is within it, its
+    best is the reference the others are compared with, and the fastest within the budget is kept
+    (by the median of its rounds; by prediction where none was measured)."""
+    within = [c for c in cands if over_budget(c) == 0]
+    if len(within) == len(cands) or not within:
+        return _decide(cands, tie, min_rounds)
+    over = ", ".join(f"'{c.label}' ({over_budget(c) / 2**20:.0f} MiB)" for c in cands if over_budget(c))
+    note = f"; over the budget, never kept: {over}"
+    if any(c.baseline and c.error is None for c in within):
+        best, why, ratios = _decide(within, tie, min_rounds)
+        return best, why + note, ratios
+    best, why, ratios = _decide(cands, tie, min_rounds)
+    if over_budget(best) == 0:
+        return best, why + note, ratios
+    ok = [c for c in within if c.error is None] or within
+    measured = [c for c in ok if c.measured() is not None]  # else by prediction
+    alt = (min(measured, key=lambda c: c.measured()["objective_ms"]) if measured  # type: ignore[index]
+           else min(ok, key=lambda c: c.predicted_ms))
+    def ms(c: Candidate) -> str:
+        m = c.measured()
+        return f"{m['objective_ms']:.0f} ms measured" if m is not None else f"{c.predicted_ms:.0f} ms predicted"
+
+    return alt, (f"kept '{alt.label}' ({ms(alt)}), the fastest within the budget: none of llama.cpp's placements "
+                 f"fits it ('{best.label}': {ms(best)}){note}"), ratios
+
+
+def _decide(cands: Sequence[Candidate], tie: float = TIE,
+            min_rounds: int = MIN_ROUNDS) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
     """(the candidate kept, why, per label its median ratio to the kept baseline and its spread).
 
     The best baseline is the one of llama.cpp's placements with the lowest median objective over the
@@ -481,8 +521,9 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
         _say(progress, reason)
         return finish(cands[0], reason, 0, "none", {})
     if not opts.confirm:
-        best = min(cands, key=lambda c: c.predicted_ms)
-        return finish(best, "not confirmed (--no-confirm): the predicted fastest", 0, "none", {})
+        within = [c for c in cands if over_budget(c) == 0] or cands
+        best = min(within, key=lambda c: c.predicted_ms)
+        return finish(best, "not confirmed (--no-confirm): the predicted fastest within the budget", 0, "none", {})
     path = _cache_path(ctx, cands, opts, load)
     if cache and not opts.reconfirm and path.exists():
         doc = _from_cache(path, cands)
