@@ -70,7 +70,11 @@
 # 231 s, the device model and the first profile 89 s, then each qwen3-8b-2l cell about 30 s; a second call issued a minute
 # after the first found the machine given back and spent its time building again
 # (bench/results/2026-11-26-h200-heldout). Put every device check into that one call
-# (bench/gpu/splitmode.py: patch 0009 on the accelerator, 10 s).
+# (bench/gpu/splitmode.py: patch 0009 on the accelerator, 10 s). A call issued the moment the
+# last one returns finds the machine warm and its build done: on 2026-11-27 four calls (442, 202,
+# 32 and 44 s, 781 s of device time with the start) covered all 12 cells of protocol v2's gpu setup
+# (bench/results/2026-11-27-h200-heldout; GPU_EVAL_HELDOUT_MODELS=starcoder2-7b-2l,qwen3-8b-2l).
+# A call with under 2.5 minutes left starts no cell here: run bench/heldout/heldout.py directly.
 #
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
 # build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),

@@ -315,6 +315,12 @@ def _error_rows(cells: list[dict[str, Any]], pick: Any) -> list[str]:
     return rows
 
 
+def _budget_bytes(out: Path, cell: dict[str, Any]) -> int:
+    """The cell's accelerator budget in bytes, as its plans resolved it (0: none, or no plan kept)."""
+    f = out / "plans" / cell["cell"] / "confirmed.plan.json"
+    return int(json.loads(f.read_text())["budget"]["bytes"]) if f.exists() else 0
+
+
 def report(out: Path) -> str:
     cells = [json.loads(f.read_text()) for f in sorted((out / "cells").glob("*.json"))]
     if not cells:
@@ -349,9 +355,11 @@ def report(out: Path) -> str:
     lines += ["## The confirmed plan against llama.cpp's own", "",
               "`vs best own`: the confirmed plan's e2e over the best of llama.cpp's placements' (layers, fit, n-cpu-moe),"
               " round by round in the independent measurement (median, half-range); `unconfirmed`: the same for "
-              "`optimal` as predicted; `best shortlisted`: the fastest distinct placement's.", "",
+              "`optimal` as predicted; `best shortlisted`: the fastest distinct placement's. `over budget`: the best of "
+              "llama.cpp's placements took more of the accelerator than the budget (llama.cpp's accounting: `-ngl 0` "
+              "keeps op offload's compute buffers there), which a confirmation never keeps.", "",
               "| cell | kept | confirm s | vs best own | unconfirmed | best shortlisted | verdict |", "|---|---|---|---|---|---|---|"]
-    worse = ahead_missed = 0
+    worse = ahead_missed = over = 0
     for c in cells:
         ps = c["placements"]
         own = [p for p in ps if set(p["labels"]) & set(OWN)]
@@ -365,7 +373,11 @@ def report(out: Path) -> str:
         best = min(ps, key=lambda p: _paired(p, best_own)[0])
         rb, sb = _paired(best, best_own)
         verdict = "ok"
-        if r - 1 > max(s, 0.0) and conf is not best_own:
+        budget = _budget_bytes(out, c)
+        if budget and best_own["on_acc_bytes"] > budget:
+            verdict, over = (f"over budget: llama.cpp's {best_own['on_acc_bytes'] / 2**20:.0f} MiB of "
+                             f"{budget / 2**20:.0f}"), over + 1
+        elif r - 1 > max(s, 0.0) and conf is not best_own:
             verdict, worse = "slower than llama.cpp's", worse + 1
         elif rb < 0.97 and 1 - rb > sb and r > rb + sb:
             verdict, ahead_missed = f"missed {'/'.join(best['labels'])}", ahead_missed + 1
@@ -373,7 +385,8 @@ def report(out: Path) -> str:
         lines.append(f"| {c['cell']} | {kept} | {c['confirm_seconds']:.0f} | {r:.3f} ±{s:.3f} | "
                      f"{ru:.3f} ±{su:.3f} | {'/'.join(best['labels'])} {rb:.3f} | {verdict} |")
     lines += ["", f"Confirmed plan slower than llama.cpp's beyond the spread in {worse} cell(s); a shortlisted plan "
-              f"measured > 3% faster and not kept in {ahead_missed}.", "", "## Confirmation time", "",
+              f"measured > 3% faster and not kept in {ahead_missed}; llama.cpp's best placement over the budget in "
+              f"{over}.", "", "## Confirmation time", "",
               "| model | setup | max s | median s |", "|---|---|---|---|"]
     for model, setup in sorted({(c["model"], c["setup"]) for c in cells}):
         secs = [c["confirm_seconds"] for c in cells if (c["model"], c["setup"]) == (model, setup)]
