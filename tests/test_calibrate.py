@@ -23,6 +23,7 @@ from oallama import Llama, _core
 from oallama.errors import ClosedError
 from oallama.planner.context import split_cost, stream_link
 from oallama.planner.cost.calfit import (
+    SCATTER,
     VEC,
     VIEW_OPS,
     Calibration,
@@ -822,3 +823,42 @@ def test_a_decode_pass_s_attention_matmuls_are_costed_by_what_they_read_on_a_lin
     dc = fit(points, [], _OneOpTimes({})).devices["CPU"]
     for k, (a, b) in lines.items():
         assert dc.node_time_us(k, 3e5, 1) == pytest.approx(a + b * 3e5), k
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_a_transposed_v_cache_write_is_costed_on_a_line_of_its_own(tiny_q8: Path, flash_attn: bool) -> None:
+    """Without flash attention llama.cpp keeps the V cache transposed and writes a pass's V in rows of
+    one element: the kind SCATTER, apart from the K write's SET_ROWS (with flash attention both are
+    SET_ROWS). A calibration fits each on its own line: nodes timed on two known lines come back apart."""
+    from oallama.planner.graph import GraphSession
+
+    with GraphSession(tiny_q8, n_ctx=512, n_ubatch=32, flash_attn=flash_attn) as s:
+        for n in (1, 32):
+            g = s.graph(n)
+            kinds = {x.name.split("_l")[0]: kind(x.op, x.ne) for x in g.nodes if x.op == "SET_ROWS"}
+            assert kinds == {"cache_k": "SET_ROWS", "cache_v": "SET_ROWS" if flash_attn else SCATTER}, n
+    lines = {SCATTER: (3.0, 5e-3), "SET_ROWS": (2.0, 2e-4)}
+    points = [{"load": "host", "n_tokens": n, "n_past": 32, "split": 0, "device": "CPU", "op": "SET_ROWS",
+               "kind": k, "weight_type": "", "src0_ne": [1, 64, 1, 1], "work": w * n, "us": a + b * w * n}
+              for k, (a, b) in lines.items() for n in (1, 32) for w in (1e3, 1e4)]
+    dc = fit(points, [], _OneOpTimes({})).devices["CPU"]
+    for k, (a, b) in lines.items():
+        assert dc.node_time_us(k, 3e5, 32) == pytest.approx(a + b * 3e5), k
+
+
+def test_a_row_lookup_s_work_is_the_rows_it_gathers(tiny_q8: Path) -> None:
+    """GET_ROWS (the token embedding's lookup) reads the rows it gathers: its work grows with the
+    pass's tokens and is a small part of the table's bytes, which the vocabulary sets."""
+    from oallama.planner.graph import GraphSession
+
+    got: dict[int, float] = {}
+    with GraphSession(tiny_q8, n_ctx=512, n_ubatch=64) as s:
+        for n in (1, 64):
+            g = s.graph(n)
+            x = next(x for x in g.nodes if x.op == "GET_ROWS" and x.weight)
+            srcs = [g.tensor(i) for i in x.srcs]
+            got[n] = work(x.op, x.ne, x.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs))
+            row = srcs[0].nbytes / srcs[0].ne[1]  # bytes of one row of the table
+            assert got[n] == pytest.approx(x.nbytes + 4 * n + row * n), n
+            assert got[n] < srcs[0].nbytes / 10, n
+    assert got[64] == pytest.approx(64 * got[1])

@@ -48,10 +48,19 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
     - SET_ROWS (a pass's new K or V rows into the cache) reads its rows and their indices and writes
       the rows: its result and third source are the whole cache, whose size grows with the context
       and not with the work (Phi-3's 4 in a decode pass: 1 ms by the cache's bytes, 35-60 us measured).
-    bench/results/2026-11-26-vm-setrows."""
+      bench/results/2026-11-26-vm-setrows;
+    - GET_ROWS (a token embedding's lookup) reads the rows it gathers, not its whole table.
+
+    (A V cache without flash attention is written element by element: its own kind, `SCATTER`.)"""
     if op == "SET_ROWS" and len(src_ne) >= 3 and tuple(src_ne[2]) == tuple(ne):
         written = math.prod(src_ne[0]) * nbytes / max(math.prod(ne), 1)  # src0's elements in the cache's type
         return float(src_bytes - nbytes + written)
+    if op == "GET_ROWS" and len(src_ne) >= 2:
+        # the rows gathered, not the whole table (a token embedding's: a 151936-row vocabulary); its
+        # indices are I32
+        idx = 4 * math.prod(src_ne[1])
+        rows = math.prod(src_ne[0][1:])
+        return float(nbytes + idx + (src_bytes - idx) * math.prod(ne[1:]) / max(rows, 1))
     if kind(op, ne) == VEC and src_ne:
         return float(math.prod(src_ne[0]))
     if op in MATMUL_OPS and src_ne:
@@ -64,13 +73,21 @@ def work(op: str, ne: Sequence[int], nbytes: int, src_ne: Sequence[Sequence[int]
 
 
 VEC = "MUL_MAT:vec"  # the kind of a matmul of two activations with one column per head (`kind`)
+SCATTER = "SET_ROWS:scatter"  # the kind of a cache write in rows of one element (`kind`)
 
 
 def kind(op: str, ne: Sequence[int]) -> str:
-    """The line a node's time is fitted on and costed by: its op, but a MUL_MAT whose result has one
-    column (a decode pass's KQ and KQV, per head and sequence) is VEC, whose work is the K or V
-    elements it reads (`work`)."""
-    return VEC if op == "MUL_MAT" and len(ne) > 1 and ne[1] == 1 else op
+    """The line a node's time is fitted on and costed by: its op, but
+    - a MUL_MAT whose result has one column (a decode pass's KQ and KQV, per head and sequence) is
+      VEC, whose work is the K or V elements it reads (`work`);
+    - a SET_ROWS into rows of one element is SCATTER: llama.cpp keeps the V cache transposed without
+      flash attention and writes a pass's V element by element, each to a row of the context's cells.
+      On the K cache's line a prompt's V write took 2.2x a K write's time by its bytes; it took 25x
+      (Llama 3 8B's widths, 512 tokens: 2.5 ms against 0.1 on 2 threads here, about 8 ms on an H200
+      host's 8 threads: bench/results/2026-11-27-h200-promptsplits)."""
+    if op == "MUL_MAT" and len(ne) > 1 and ne[1] == 1:
+        return VEC
+    return SCATTER if op == "SET_ROWS" and ne and ne[0] == 1 else op
 
 
 def byte_work(op: str) -> bool:
