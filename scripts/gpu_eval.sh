@@ -75,6 +75,10 @@
 # 32 and 44 s, 781 s of device time with the start) covered all 12 cells of protocol v2's gpu setup
 # (bench/results/2026-11-27-h200-heldout; GPU_EVAL_HELDOUT_MODELS=starcoder2-7b-2l,qwen3-8b-2l).
 # A call with under 2.5 minutes left starts no cell here: run bench/heldout/heldout.py directly.
+# A build alone (`build --max-minutes M`) builds for M minutes less 75 s: on an H200 it needs 213 s, so
+# M >= 4.9 (2026-11-27: 4.6 cut it at 199 s and the next call spent 46 s finishing it). The prompt
+# passes split by split (bench/gpu/promptsplits.py: the reference and one held-out model, 2 minutes
+# with the device model's 66-73 s) ran after the build in the same call (bench/results/2026-11-27-h200-promptsplits).
 #
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
 # build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),

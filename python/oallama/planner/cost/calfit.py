@@ -82,9 +82,10 @@ def kind(op: str, ne: Sequence[int]) -> str:
       VEC, whose work is the K or V elements it reads (`work`);
     - a SET_ROWS into rows of one element is SCATTER: llama.cpp keeps the V cache transposed without
       flash attention and writes a pass's V element by element, each to a row of the context's cells.
-      On the K cache's line a prompt's V write took 2.2x a K write's time by its bytes; it took 25x
-      (Llama 3 8B's widths, 512 tokens: 2.5 ms against 0.1 on 2 threads here, about 8 ms on an H200
-      host's 8 threads: bench/results/2026-11-27-h200-promptsplits)."""
+      On the K cache's line a prompt's V write cost 2.3x a K write by its bytes; it took 21-48x (Llama 3
+      8B's widths, 256 tokens: 1.2-2.3 ms against 0.05-0.08 on the project's VM), and a 512-token
+      prompt's four writes 16-19 ms on an H200 host's 8 threads where that line gave 7.5
+      (bench/results/2026-11-27-h200-promptsplits)."""
     if op == "MUL_MAT" and len(ne) > 1 and ne[1] == 1:
         return VEC
     return SCATTER if op == "SET_ROWS" and ne and ne[0] == 1 else op
