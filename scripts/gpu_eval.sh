@@ -79,6 +79,10 @@
 # M >= 4.9 (2026-11-27: 4.6 cut it at 199 s and the next call spent 46 s finishing it). The prompt
 # passes split by split (bench/gpu/promptsplits.py: the reference and one held-out model, 2 minutes
 # with the device model's 66-73 s) ran after the build in the same call (bench/results/2026-11-27-h200-promptsplits).
+# Left for the next session lent a GPU: the V cache's element-wise write cost 3x more per element there at
+# 512 tokens in 4096 cells than the calibration's 128 in 512; `promptsplits.py --models reference --ctx
+# 1024,4096,16384` tells the context from the tokens (SET_ROWS:scatter apart in its node times), then
+# `heldout` scores method 34 on the protocol's cells.
 #
 # Environment: GPU_EVAL_OUT (results directory; default bench/results/<date>-<gpu>, kept in
 # build/gpu-eval-outdir so that later chunks use the same one), GPU_EVAL_MODELS (build/bench-models), GPU_EVAL_REPS (5 on a GPU, 3 with --cpu),

@@ -25,6 +25,10 @@ accelerator's pinned host buffer rather than the file's pages), to tell pageable
 
     python bench/gpu/promptsplits.py --device CUDA0 -o OUT.json [--models reference,qwen3-8b-2l]
     python bench/gpu/promptsplits.py --device rpc -o OUT.json --models M.gguf --calibration model  # here
+    python bench/gpu/promptsplits.py --device CUDA0 -o OUT.json --models reference --ctx 512,4096,16384
+
+Node times are summed per (device, op kind): `calfit.kind`'s, so a transposed V cache's write
+(SET_ROWS:scatter) stands apart from the K cache's (SET_ROWS).
 
 Prints one line per placement; the JSON holds everything.
 """
@@ -63,6 +67,12 @@ def _model(name: str) -> Path:
     return heldout.model_path(name, cache_base() / "models", synthetic_only=True)[0]
 
 
+def kind(op: str, ne: Any) -> str:
+    from oallama.planner.cost.calfit import kind as calfit_kind
+
+    return calfit_kind(op, list(ne))
+
+
 def _by_op(rows: list[tuple[str, str, float]]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for dev, op, us in rows:
@@ -73,8 +83,8 @@ def _by_op(rows: list[tuple[str, str, float]]) -> dict[str, float]:
 def _predicted_nodes(ctx: Any, p: Any, acc: str) -> dict[str, Any]:
     pm = ctx.passes[PROMPT]
     dev = pm.assign(p)
-    rows = [(acc if dev[i] else "CPU", pm.graph.nodes[i].op, (pm.t_acc[i] if dev[i] else pm.host_us(i, p)))
-            for i in pm.t_host]
+    rows = [(acc if dev[i] else "CPU", kind(pm.graph.nodes[i].op, pm.graph.nodes[i].ne),
+             (pm.t_acc[i] if dev[i] else pm.host_us(i, p))) for i in pm.t_host]
     order = [("acc" if dev[i] else "host") for i in pm.order]
     return {"by_op": _by_op(rows), "n_splits": sum(1 for k, d in enumerate(order) if k == 0 or order[k - 1] != d)}
 
@@ -97,7 +107,7 @@ def _measure(llm: Any, acc: str) -> dict[str, Any]:
     prev_done = None
     for r in nodes:
         if r.range_us >= 0:
-            rows.append((r.device, r.op, r.range_us))
+            rows.append((r.device, kind(r.op, r.ne), r.range_us))
     # node mode: each range is one node; the gap before it is the time since the last range ended
     for r in nodes:
         if r.done_us < 0:
@@ -141,6 +151,8 @@ def main() -> int:
     ap.add_argument("--budgets", default="25%,50%")
     ap.add_argument("--strategies", default="layers,affinity,optimal")
     ap.add_argument("--calibration", default="device")
+    ap.add_argument("--ctx", default=str(N_CTX), help="context sizes (cells), comma-separated: each model's placements "
+                    "planned and timed at each (a transposed V cache's write strides over the context's cells)")
     a = ap.parse_args()
     threads = max((os.cpu_count() or 2) // 2, 1)
     with contextlib.ExitStack() as stack:
@@ -156,18 +168,20 @@ def _run(a: argparse.Namespace, threads: int) -> int:
     from oallama.planner import plan as planmod
     from oallama.runtime.llama import Llama
 
+    sizes = [int(c) for c in a.ctx.split(",")]
     doc: dict[str, Any] = {"commit": git_commit(), "machine": platform.node(), "cpu_count": os.cpu_count(),
-                           "threads": threads, "device": a.device, "prompt": PROMPT, "n_ctx": N_CTX,
+                           "threads": threads, "device": a.device, "prompt": PROMPT, "n_ctx": sizes,
                            "load_avg_start": os.getloadavg()[0], "models": {}}
     tmp = Path(a.out).with_suffix(".plans")
     tmp.mkdir(parents=True, exist_ok=True)
-    for name in a.models.split(","):
+    for name, n_ctx in ((m, c) for m in a.models.split(",") for c in sizes):
+        run = name if len(sizes) == 1 else f"{name}@{n_ctx}"  # the JSON's key for this model and context
         path = _model(name)
-        workload = planmod.Workload(PROMPT, 4, "e2e", PROMPT, N_CTX)
+        workload = planmod.Workload(PROMPT, 4, "e2e", PROMPT, n_ctx)
         t0 = time.perf_counter()
         ctx = planmod.build_context(path, a.device, workload, threads=threads, progress=True,
                                     calibration=a.calibration)
-        entry: dict[str, Any] = {"path": str(path), "context_s": time.perf_counter() - t0, "placements": {}}
+        entry: dict[str, Any] = {"path": str(path), "n_ctx": n_ctx, "context_s": time.perf_counter() - t0, "placements": {}}
         seen: dict[str, str] = {}
         for budget in a.budgets.split(","):
             plans = planmod.make_plans(ctx, budget, a.strategies.split(","), optional=("fit",))
@@ -179,12 +193,12 @@ def _run(a: argparse.Namespace, threads: int) -> int:
                     entry["placements"][seen[key]]["labels"].append(label)
                     continue
                 seen[key] = label
-                f = tmp / f"{name}-{s}-{budget.rstrip('%')}.plan.json"
+                f = tmp / f"{Path(run).name.replace('@', '-')}-{s}-{budget.rstrip('%')}.plan.json"
                 f.write_text(json.dumps(pdoc, indent=1))
                 p = planmod.placement_of(pdoc)
                 variants = [("", {})] + ([(" mmap off", {"use_mmap": False})] if s == "layers" else [])
                 for suffix, kw in variants:
-                    load = {"n_ctx": N_CTX, "n_batch": PROMPT, "n_ubatch": PROMPT, "n_threads": threads,
+                    load = {"n_ctx": n_ctx, "n_batch": PROMPT, "n_ubatch": PROMPT, "n_threads": threads,
                             "n_threads_batch": threads, **kw}
                     with contextlib.closing(Llama(str(path), placement=str(f), **load, flash_attn=False,
                                                   verbose=False)) as llm:
@@ -195,7 +209,7 @@ def _run(a: argparse.Namespace, threads: int) -> int:
                          "stream_gb_s": pred.get("stream_gb_s"), "split_us": pred.get("split_us"), **m}
                     entry["placements"][label + suffix] = e
                     pt = e["predicted"]["total_ms"]
-                    print(f"{name} {label + suffix}: wall {m['wall_us'] / 1e3:.1f} ms, predicted {pt:.1f} "
+                    print(f"{run} {label + suffix}: wall {m['wall_us'] / 1e3:.1f} ms, predicted {pt:.1f} "
                           f"({pt / (m['wall_us'] / 1e3) - 1:+.1%}); split mode ranges "
                           f"{m['split_mode']['range_us']} gaps {m['split_mode']['gap_us']}; predicted stream "
                           f"{e['predicted']['stream_ms']:.1f} ms copies {e['predicted']['copy_ms']:.1f} acc "
@@ -220,9 +234,9 @@ def _run(a: argparse.Namespace, threads: int) -> int:
                     together[k].append(timed_eval(llms[k], None, [], toks, []).wall_us)
         for k, walls in together.items():
             entry["placements"][k]["together"] = {"wall_us": statistics.median(walls), "walls_us": walls}
-            print(f"{name} {k}: loaded with the others, wall {statistics.median(walls) / 1e3:.1f} ms "
+            print(f"{run} {k}: loaded with the others, wall {statistics.median(walls) / 1e3:.1f} ms "
                   f"(alone {entry['placements'][k]['wall_us'] / 1e3:.1f})", flush=True)
-        doc["models"][name] = entry
+        doc["models"][run] = entry
         Path(a.out).write_text(json.dumps(doc, indent=1))
     doc["load_avg_end"] = os.getloadavg()[0]
     Path(a.out).write_text(json.dumps(doc, indent=1))
