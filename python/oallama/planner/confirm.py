@@ -176,12 +176,16 @@ def shortlist(ctx: PlanContext, plans: Mapping[str, Plan], limit: int = MAX_CAND
 # --- the decision -------------------------------------------------------------------------------
 
 
+def over_budget_bytes(memory: Mapping[str, int], budget_bytes: int) -> int:
+    """Bytes by which a load's accelerator memory (llama.cpp's accounting: `verify.measure_memory`)
+    exceeds a budget; 0 within it, or without a budget (a CPU-only plan)."""
+    return max(int(memory.get("total", 0)) - int(budget_bytes), 0) if budget_bytes else 0
+
+
 def over_budget(c: Candidate) -> int:
-    """Bytes by which the candidate's load exceeds its plan's budget on the accelerator (llama.cpp's
-    accounting); 0 within it, or without a plan to read."""
-    if c.plan is None:
-        return 0
-    return max(int(c.plan.memory.get("total", 0)) - int(c.plan.budget_bytes), 0) if c.plan.budget_bytes else 0
+    """Bytes by which the candidate's load exceeds its plan's budget on the accelerator; 0 within it,
+    or without a plan to read."""
+    return over_budget_bytes(c.plan.memory, c.plan.budget_bytes) if c.plan is not None else 0
 
 
 def decide(cands: Sequence[Candidate], tie: float = TIE,
@@ -518,6 +522,8 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
 
     if len(cands) == 1:
         reason = f"every shortlisted plan loads the same placement ({cands[0].label}): nothing to measure"
+        if over := over_budget(cands[0]):  # nothing within the budget was shortlisted: said, not hidden
+            reason += f"; it is {over / 2**20:.0f} MiB over the budget"
         _say(progress, reason)
         return finish(cands[0], reason, 0, "none", {})
     if not opts.confirm:

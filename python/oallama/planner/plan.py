@@ -310,13 +310,13 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, prog
         search = Search(tuple(candidates), TIME_LIMIT_S if time_limit is None else time_limit, progress)
         placed = s.place(ctx, budget_bytes, search)
     placement, details, host_bytes = placed.placement, dict(placed.details), None
-    if ctx.acc is not None and (over := int(placed.memory.get("total", 0)) - budget_bytes) > 0:
-        # llama.cpp's own placements only (the others are fitted to the budget): -ngl 0 still puts op
-        # offload's compute buffers on the accelerator; kept for comparison, never kept by a confirmation
+    if ctx.acc is not None and (over := confirmmod.over_budget_bytes(placed.memory, budget_bytes)):
+        # a strategy not fitted to the budget (llama.cpp's own, flexgen): -ngl 0 still puts op offload's
+        # compute buffers on the accelerator; kept for comparison, never kept by a confirmation
         details["over_budget_bytes"] = over
         if progress:
-            log(f"{s.name}: llama.cpp's load takes {placed.memory['total'] / 2**20:.0f} MiB on {ctx.acc}, "
-                f"{over / 2**20:.0f} MiB over the budget (its compute buffers): a confirmation compares with it, never keeps it")
+            log(f"{s.name}: its load takes {placed.memory['total'] / 2**20:.0f} MiB on {ctx.acc}, "
+                f"{over / 2**20:.0f} MiB over the budget: a confirmation compares with it, never keeps it")
     if s.name in LAYOUT_STRATEGIES and not placed.raw_overrides:
         extra, host_bytes = _host_extra(ctx, placement, host_budget)
         placement, lay_details = layoutmod.choose(ctx, placement, extra)
