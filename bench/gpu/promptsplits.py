@@ -25,7 +25,7 @@ accelerator's pinned host buffer rather than the file's pages), to tell pageable
 
     python bench/gpu/promptsplits.py --device CUDA0 -o OUT.json [--models reference,qwen3-8b-2l]
     python bench/gpu/promptsplits.py --device rpc -o OUT.json --models M.gguf --calibration model  # here
-    python bench/gpu/promptsplits.py --device CUDA0 -o OUT.json --models reference --ctx 512,4096,16384
+    python bench/gpu/promptsplits.py --device CUDA0 -o OUT.json --models reference --ctx 1024,4096,16384
 
 Node times are summed per (device, op kind): `calfit.kind`'s, so a transposed V cache's write
 (SET_ROWS:scatter) stands apart from the K cache's (SET_ROWS).
@@ -67,12 +67,6 @@ def _model(name: str) -> Path:
     return heldout.model_path(name, cache_base() / "models", synthetic_only=True)[0]
 
 
-def kind(op: str, ne: Any) -> str:
-    from oallama.planner.cost.calfit import kind as calfit_kind
-
-    return calfit_kind(op, list(ne))
-
-
 def _by_op(rows: list[tuple[str, str, float]]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for dev, op, us in rows:
@@ -81,6 +75,8 @@ def _by_op(rows: list[tuple[str, str, float]]) -> dict[str, float]:
 
 
 def _predicted_nodes(ctx: Any, p: Any, acc: str) -> dict[str, Any]:
+    from oallama.planner.cost.calfit import kind
+
     pm = ctx.passes[PROMPT]
     dev = pm.assign(p)
     rows = [(acc if dev[i] else "CPU", kind(pm.graph.nodes[i].op, pm.graph.nodes[i].ne),
@@ -91,6 +87,7 @@ def _predicted_nodes(ctx: Any, p: Any, acc: str) -> dict[str, Any]:
 
 def _measure(llm: Any, acc: str) -> dict[str, Any]:
     from oallama import _core
+    from oallama.planner.cost.calfit import kind
     from oallama.planner.cost.calibrate import _split_stops
     from oallama.planner.cost.realpass import timed_eval
     from oallama.runtime.generate import prompt_tokens
@@ -169,6 +166,8 @@ def _run(a: argparse.Namespace, threads: int) -> int:
     from oallama.runtime.llama import Llama
 
     sizes = [int(c) for c in a.ctx.split(",")]
+    if min(sizes) < PROMPT + 4:
+        raise SystemExit(f"--ctx {a.ctx}: each context needs the {PROMPT}-token prompt and 4 tokens more")
     doc: dict[str, Any] = {"commit": git_commit(), "machine": platform.node(), "cpu_count": os.cpu_count(),
                            "threads": threads, "device": a.device, "prompt": PROMPT, "n_ctx": sizes,
                            "load_avg_start": os.getloadavg()[0], "models": {}}
