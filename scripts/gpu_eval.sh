@@ -79,8 +79,8 @@
 # M >= 4.9 (2026-11-27: 4.6 cut it at 199 s and the next call spent 46 s finishing it). The prompt
 # passes split by split (bench/gpu/promptsplits.py: the reference and one held-out model, 2 minutes
 # with the device model's 66-73 s) ran after the build in the same call (bench/results/2026-11-27-h200-promptsplits).
-# Left for the next session lent a GPU: the V cache's element-wise write cost 3x more per element there at
-# 512 tokens in 4096 cells than the calibration's 128 in 512; `promptsplits.py --models reference --ctx
+# Left for the next session lent a GPU: the V cache's element-wise write cost about 1.5x more per element
+# there at 512 tokens in 4096 cells than the calibration's line (fitted at <= 128 tokens in 512); `promptsplits.py --models reference --ctx
 # 1024,4096,16384` tells the context from the tokens (SET_ROWS:scatter apart in its node times), then
 # `heldout` scores method 34 on the protocol's cells.
 #
