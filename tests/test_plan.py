@@ -40,6 +40,8 @@ from oallama.planner.plan import (
     place_layers,
 )
 from oallama.planner.solvers import chaindp, optimal
+from oallama.planner.strategies import guided_search
+from oallama.planner.verify import measure_memory
 from oallama.runtime import devices, rpc
 
 GiB, MiB = 2**30, 2**20
@@ -298,6 +300,45 @@ def test_strategies_respect_the_budget_and_the_solvers_plan_is_never_worse(which
     carried = own if winner == "solver" else plans[winner].predicted[key]
     assert opt.predicted[key] == pytest.approx(carried, rel=1e-9)
     assert opt.predicted[key] <= own
+
+
+@pytest.mark.parametrize("answer", [0, 1, 5, 33])
+@pytest.mark.parametrize("guessing", ["exact", "over", "under", "outside", "wild"])
+def test_the_guided_search_finds_what_a_binary_search_finds(answer: int, guessing: str) -> None:
+    hi = 33
+    probes: list[int] = []
+
+    def fits(n: int) -> bool:
+        probes.append(n)
+        return n <= answer
+
+    shift = {"exact": 0, "over": 3, "under": -2, "outside": 99, "wild": 0}[guessing]
+    wild = iter([17, 2, 30, 9, 1])
+
+    def guess(lo: int, hi: int, last: int) -> int:  # a good guess names the answer, or lo + 1 once lo is it
+        return next(wild) if guessing == "wild" else max(answer + shift, lo + 1)
+
+    assert guided_search(0, hi, fits, guess) == answer
+    bisect: list[int] = []
+    lo, top = 0, hi
+    while lo < top:  # the binary search it stands in for
+        mid = (lo + top + 1) // 2
+        bisect.append(mid)
+        lo, top = (mid, top) if mid <= answer else (lo, mid - 1)
+    assert len(probes) <= len(bisect) + 2, (probes, bisect)
+    if guessing == "exact":
+        assert len(probes) <= 2, probes
+
+
+@pytest.mark.parametrize("budget", ["25%", "50%", "75%", "100%"])
+def test_layers_is_the_largest_n_gpu_layers_whose_load_fits(budget: str, measured_ctx) -> None:
+    ctx = measured_ctx
+    limit = parse_budget(budget, ctx.model.weight_bytes)
+    plan = make_plan(ctx, "layers", budget)
+    # every n_gpu_layers loaded, as llama.cpp accounts it: the largest that fits, or 0
+    fitting = [n for n in range(ctx.n_layer + 2)
+               if measure_memory(ctx, place_layers(ctx, n), stock_layers=n)["total"] <= limit]
+    assert plan.extra["n_gpu_layers"] == max(fitting, default=0)
 
 
 # --- the paper's Algorithm 1, by hand ------------------------------------------------------------

@@ -93,18 +93,52 @@ class Layers:
     baseline = False
 
     def place(self, ctx: PlanContext, budget: int, search: Search) -> Placed:
-        """Largest n_gpu_layers whose load fits (memory grows with n: binary search)."""
-        lo, hi = 0, ctx.n_layer + 1
-        best = (place_layers(ctx, 0), measure_memory(ctx, place_layers(ctx, 0), stock_layers=0), 0)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            p = place_layers(ctx, mid)
-            mem = measure_memory(ctx, p, stock_layers=mid)
-            if mem["total"] <= budget:
-                lo, best = mid, (p, mem, mid)
-            else:
-                hi = mid - 1
-        return Placed(best[0], best[1], {"n_gpu_layers": best[2]}, stock_layers=True)
+        """Largest n_gpu_layers whose load fits (`largest_fitting`)."""
+        n, loads = largest_fitting(ctx, budget, ctx.n_layer + 1, lambda n: place_layers(ctx, n),
+                                   lambda n: measure_memory(ctx, place_layers(ctx, n), stock_layers=n))
+        return Placed(place_layers(ctx, n), loads[n], {"n_gpu_layers": n, "loads": len(loads)}, stock_layers=True)
+
+
+def largest_fitting(ctx: PlanContext, budget: int, top: int, placement: Callable[[int], Placement],
+                    load: Callable[[int], dict[str, int]]) -> tuple[int, dict[int, dict[str, int]]]:
+    """The largest k in [0, top] whose load (llama.cpp's accounting of placement(k), which grows
+    with k) fits `budget`, or 0 when none does: (k, the loads measured, by k). Load 0 first; each
+    probe then where the weights and cache placement(k) puts on the accelerator (`acc_bytes`), plus
+    the last load's other bytes (compute buffers), would reach the budget (`guided_search`)."""
+    loads: dict[int, dict[str, int]] = {}
+
+    def fits(k: int) -> bool:
+        loads[k] = load(k)
+        return loads[k]["total"] <= budget
+
+    def guess(lo: int, hi: int, last: int) -> int:
+        other = loads[last]["total"] - ctx.acc_bytes(placement(last))  # bytes
+        return max((k for k in range(lo + 1, hi + 1) if ctx.acc_bytes(placement(k)) + other <= budget),
+                   default=lo + 1)
+
+    if not fits(0):
+        return 0, loads
+    return guided_search(0, top, fits, guess), loads
+
+
+def guided_search(lo: int, hi: int, fits: Callable[[int], bool], guess: Callable[[int, int, int], int],
+                  misses: int = 2) -> int:
+    """The largest n in [lo, hi] with fits(n), lo taken as the answer when none above it fits
+    (fits is monotone: true up to the answer, false above). Each probe is guess(lo, hi, last
+    probe) for the first `misses` probes (a guess outside the bracket: its middle), then the
+    bracket's middle: the same answer as a binary search, in fewer probes where the guesses are
+    good, and never more than `misses` probes beyond a binary search's."""
+    last, guided = lo, 0
+    while lo < hi:
+        g = guess(lo, hi, last) if guided < misses else -1
+        mid = g if lo < g <= hi else (lo + hi + 1) // 2
+        guided += 1
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+        last = mid
+    return lo
 
 
 # --- affinity: the paper's Algorithm 1 ----------------------------------------------------------
@@ -355,7 +389,7 @@ def place_n_cpu_moe(ctx: PlanContext, n_cpu_moe: int) -> Placement:
 
 
 class NCpuMoe:
-    """The smallest --n-cpu-moe N whose load fits (memory falls as N grows: binary search); when
+    """The smallest --n-cpu-moe N whose load fits (memory falls as N grows: `largest_fitting`); when
     even every layer's experts on the CPU does not fit, what a user does next: fewer layers (`layers`)."""
 
     name = "n-cpu-moe"
@@ -365,23 +399,18 @@ class NCpuMoe:
         if not expert_layers(ctx.weight_bytes):
             raise PlanError(f"strategy '{self.name}': {ctx.model.path.name} has no expert tensors (not a mixture of "
                             "experts)")
-        lo, hi = 0, ctx.n_layer
-        mem_hi = measure_memory(ctx, place_n_cpu_moe(ctx, hi))
-        if mem_hi["total"] > budget:
+        # k layers' experts on the accelerator: N = n_layer - k on the CPU
+        def placement(k: int) -> Placement:
+            return place_n_cpu_moe(ctx, ctx.n_layer - k)
+
+        k, loads = largest_fitting(ctx, budget, ctx.n_layer, placement, lambda k: measure_memory(ctx, placement(k)))
+        if loads[k]["total"] > budget:
             placed = Layers().place(ctx, budget, search)
             placed.details = {**placed.details, "n_cpu_moe": None,
                               "note": "every layer's experts on the CPU does not fit: fewer layers instead"}
             return placed
-        best = (hi, mem_hi)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            mem = measure_memory(ctx, place_n_cpu_moe(ctx, mid))
-            if mem["total"] <= budget:
-                hi, best = mid, (mid, mem)
-            else:
-                lo = mid + 1
-        n, mem = best
-        return Placed(place_n_cpu_moe(ctx, n), mem, {"n_cpu_moe": n, "n_gpu_layers": ctx.n_layer + 1})
+        return Placed(placement(k), loads[k], {"n_cpu_moe": ctx.n_layer - k, "n_gpu_layers": ctx.n_layer + 1,
+                                                "loads": len(loads)})
 
 
 # --- the registry --------------------------------------------------------------------------------

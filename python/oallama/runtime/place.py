@@ -188,7 +188,8 @@ def explicit(assignment: Mapping[str, str], n_gpu_layers: int, n_layer: int,
     One placed on the host is named, so that both copies stay there (a 178 MB copy for Gemma 3 270M).
     """
     on_gpu = layer_weights(assignment, n_gpu_layers, n_layer)
-    out = {w: d for w, d in assignment.items() if w in on_gpu or not resolve(d).is_host}
+    host = {d: resolve(d).is_host for d in set(assignment.values())}  # once per device: an rpc-server's is a probe
+    out = {w: d for w, d in assignment.items() if w in on_gpu or not host[d]}
     if n_gpu_layers >= 1 and TIED in assignment and (tied_output(assignment) if tied is None else tied):
         dev = assignment[TIED]
         if resolve(dev).is_host:

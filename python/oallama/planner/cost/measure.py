@@ -83,15 +83,18 @@ def time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list
 
 def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str, shape: tuple[int, ...],
                   cols: list[int], timed: tuple[list[Any], list[dict[str, Any]]],
-                  time_in: Callable[[str], tuple[list[Any], list[dict[str, Any]]]]) -> None:
+                  time_in: Callable[[str], tuple[list[Any], list[dict[str, Any]]]], loaders_own: bool) -> None:
     """A host weight matmul (MUL_MAT, or a mixture of experts' MUL_MAT_ID) in the layout its default
     load did not time: the plain one when the default is repacked; the repacked one, if the CPU has
     it for this weight, when the default is plain (no repacking, or a GPU's host memory). Both go to
     `out` (layout -> op key -> stats). time_in(layout): timed with repacking on and no GPU host
-    memory, in that layout ("": the loader's own choice)."""
+    memory, in that layout ("": the loader's own choice); loaders_own: the default load was that
+    too, so a plain default means CPU_REPACK has no layout for this weight (nothing to time)."""
     default = timed[0][0].buffer_type
     if default == REPACK:
         pairs = {REPACK: timed, PLAIN: time_in(PLAIN)}
+    elif loaders_own:
+        return
     else:
         other = time_in("")  # the loader's own probe: only a weight CPU_REPACK supports may be put there
         if other[0][0].buffer_type != REPACK:
@@ -193,7 +196,7 @@ def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], col
         if d.is_host:
             _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
                           lambda lay: time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
-                                              lay))
+                                              lay), settings.repack and not host_of)
     except RuntimeError as e:
         raise ProfileError(str(e)) from None
     for n, r, x in zip(cols, res, extra, strict=True):
