@@ -681,17 +681,19 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("profile_mul_mat", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                 const std::vector<int64_t> & ns, int n_threads, int warmup, int repeats,
-                                bool use_extra_bufts, const std::string & host_of, const std::string & layout) {
+                                bool use_extra_bufts, const std::string & host_of, const std::string & layout,
+                                double long_us) {
         const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
         return oallama_profile_mul_mat(device, t, k, m, ns, n_threads, warmup, repeats, use_extra_bufts, host_of,
-                                       layout);
+                                       layout, long_us);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("ns"), py::arg("n_threads"),
        py::arg("warmup") = 2, py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "",
-       py::arg("layout") = "",
+       py::arg("layout") = "", py::arg("long_us") = 0.0,
        "MUL_MAT of a weight [k, m] by f32 activations [k, n]: one Timing per n in ns. On the CPU the weight\n"
        "lives in host_of's pinned host buffer type when host_of names a GPU-class device (as in a load);\n"
-       "layout names the buffer type instead (cpu_layouts()).");
+       "layout names the buffer type instead (cpu_layouts()). A column count whose first run takes long_us\n"
+       "or more (0: none) is warmed up once and timed at most 3 times.");
 
     m.def("profile_copy", [](const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats) {
         py::gil_scoped_release release;
@@ -708,16 +710,19 @@ PYBIND11_MODULE(_core, m) {
     m.def("profile_mul_mat_id", [](const std::string & device, const std::string & wtype, int64_t k, int64_t m,
                                    int64_t n_expert, int64_t n_expert_used, const std::vector<int64_t> & ns,
                                    const std::vector<int64_t> & n_active, int n_threads, int warmup, int repeats,
-                                   bool use_extra_bufts, const std::string & host_of, const std::string & layout) {
+                                   bool use_extra_bufts, const std::string & host_of, const std::string & layout,
+                                   double long_us) {
         const ggml_type t = type_by_name(wtype);
         py::gil_scoped_release release;
         return oallama_profile_mul_mat_id(device, t, k, m, n_expert, n_expert_used, ns, n_active, n_threads, warmup,
-                                          repeats, use_extra_bufts, host_of, layout);
+                                          repeats, use_extra_bufts, host_of, layout, long_us);
     }, py::arg("device"), py::arg("type"), py::arg("k"), py::arg("m"), py::arg("n_expert"), py::arg("n_expert_used"),
        py::arg("ns"), py::arg("n_active") = std::vector<int64_t>(), py::arg("n_threads") = 1, py::arg("warmup") = 2,
        py::arg("repeats") = 5, py::arg("use_extra_bufts") = true, py::arg("host_of") = "", py::arg("layout") = "",
+       py::arg("long_us") = 0.0,
        "MUL_MAT_ID of expert weights [k, m, n_expert] by f32 activations [k, n_expert_used, n], one Timing per n\n"
-       "in ns; n_active[i]: distinct experts routed to (default min(n_expert, n * n_expert_used)).");
+       "in ns; n_active[i]: distinct experts routed to (default min(n_expert, n * n_expert_used)); long_us:\n"
+       "as profile_mul_mat's.");
 
     m.def("arch_is_supported", &oallama_arch_is_supported, py::arg("arch"));
 

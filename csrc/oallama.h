@@ -263,10 +263,13 @@ struct oallama_timing {
 // host buffer type of `host_of` when it names a GPU-class device of the load (CUDA_Host,
 // Vulkan_Host: plain layout), else the repacked layouts when use_extra_bufts, else plain memory.
 // `layout` names the buffer type instead (oallama_buffer_type_by_name: "CPU", "CPU_REPACK", ...).
+// A column count whose first run takes long_us or more (0: none) is warmed up once and timed at
+// most 3 times (repeats otherwise).
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts,
-                                                    const std::string & host_of = "", const std::string & layout = "");
+                                                    const std::string & host_of = "", const std::string & layout = "",
+                                                    double long_us = 0.0);
 // Copying `bytes` between host memory and the device (host_to_device or back), synchronised.
 oallama_timing oallama_profile_copy(const std::string & device, size_t bytes, bool host_to_device, int warmup, int repeats);
 // The fixed cost of running one tiny graph on the device and waiting for it (wait = false: until
@@ -281,14 +284,14 @@ oallama_timing oallama_profile_launch(const std::string & device, int n_threads,
 // [k, n_expert_used, n] routed by ids [n_expert_used, n], for each n in ns. n_active[i] is the
 // number of distinct experts the routing of ns[i] tokens uses (spread evenly over the tokens'
 // n * n_expert_used slots); empty: min(n_expert, n * n_expert_used), every slot its own expert
-// as far as there are experts.
+// as far as there are experts. long_us: as for oallama_profile_mul_mat.
 std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & device, ggml_type wtype, int64_t k,
                                                        int64_t m, int64_t n_expert, int64_t n_expert_used,
                                                        const std::vector<int64_t> & ns,
                                                        const std::vector<int64_t> & n_active, int n_threads,
                                                        int warmup, int repeats, bool use_extra_bufts,
                                                        const std::string & host_of = "",
-                                                       const std::string & layout = "");
+                                                       const std::string & layout = "", double long_us = 0.0);
 
 //
 // timing the real graph (timing.cpp)

@@ -130,17 +130,29 @@ static void barrier(ggml_backend_t be, ggml_backend_dev_t dev, const ggml_tensor
     }
 }
 
+// A run that takes long_us or more (0: never) is warmed up once and timed at most LONG_REPEATS
+// times: its runs differ little beside the machine's drift between calls (the median of 3 runs
+// after 1 warm-up against 5 after 2: 0.3% apart, median, against 2.8% for the same call a minute
+// later; bench/results/2026-11-27-vm-first-plan-timings/runs.txt).
+static constexpr int LONG_REPEATS = 3;
+
 static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev, ggml_cgraph * gf, int warmup,
-                                      int repeats, const std::string & what, bool wait = true) {
+                                      int repeats, const std::string & what, bool wait = true, double long_us = 0.0) {
     const ggml_tensor * result = ggml_graph_node(gf, -1);
+    bool is_long = false;  // decided by the first run, warm-up or timed
     for (int i = 0; i < warmup; ++i) {
+        const int64_t t0 = ggml_time_us();
         if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
             throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
         }
         barrier(be, dev, result);
+        if (i == 0 && long_us > 0 && double(ggml_time_us() - t0) >= long_us) {
+            is_long = true;
+            break;
+        }
     }
     std::vector<double> samples;
-    for (int i = 0; i < repeats; ++i) {
+    for (int i = 0; i < (is_long ? std::min(repeats, LONG_REPEATS) : repeats); ++i) {
         barrier(be, dev, result);
         const int64_t t0 = ggml_time_us();
         const ggml_status st = ggml_backend_graph_compute(be, gf);
@@ -150,6 +162,7 @@ static std::vector<double> time_graph(ggml_backend_t be, ggml_backend_dev_t dev,
             throw std::runtime_error("profile: " + what + " failed on " + ggml_backend_name(be));
         }
         samples.push_back(double(t1 - t0));
+        is_long = is_long || (warmup == 0 && i == 0 && long_us > 0 && double(t1 - t0) >= long_us);
     }
     return samples;
 }
@@ -184,7 +197,8 @@ static buffer_ptr alloc_one_op(ggml_backend_t be, ggml_context * ctx, ggml_tenso
 std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, ggml_type wtype, int64_t k, int64_t m,
                                                     const std::vector<int64_t> & ns, int n_threads, int warmup,
                                                     int repeats, bool use_extra_bufts,
-                                                    const std::string & host_of, const std::string & layout) {
+                                                    const std::string & host_of, const std::string & layout,
+                                                    double long_us) {
     oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
@@ -220,7 +234,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat(const std::string & device, 
         buffer_ptr abuf = alloc_one_op(be.get(), ctx.get(), y, &gf, device, what);
         set_activations(x);
         oallama_timing t;
-        t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what);
+        t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what, true, long_us);
         t.buffer_type = ggml_backend_buft_name(buft);
         out.push_back(std::move(t));
     }
@@ -245,7 +259,8 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
                                                        const std::vector<int64_t> & ns,
                                                        const std::vector<int64_t> & n_active, int n_threads,
                                                        int warmup, int repeats, bool use_extra_bufts,
-                                                       const std::string & host_of, const std::string & layout) {
+                                                       const std::string & host_of, const std::string & layout,
+                                                       double long_us) {
     oallama_quiet_log quiet;
     ggml_time_init();
     ggml_backend_dev_t dev = oallama_device_by_name(device);
@@ -306,7 +321,7 @@ std::vector<oallama_timing> oallama_profile_mul_mat_id(const std::string & devic
         const std::vector<int32_t> route = routing_ids(n, n_expert_used, active, n_expert);
         ggml_backend_tensor_set(ids, route.data(), 0, route.size() * sizeof(int32_t));
         oallama_timing t;
-        t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what);
+        t.samples_us  = time_graph(be.get(), dev, gf, warmup, repeats, what, true, long_us);
         t.buffer_type = ggml_backend_buft_name(buft);
         out.push_back(std::move(t));
     }

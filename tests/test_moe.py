@@ -17,6 +17,7 @@ from oallama.model import synthetic
 from oallama.model.gguf_file import read
 from oallama.model.synthetic import PRESETS
 from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.profile import Profile
 from oallama.planner.graph import inventory
 from oallama.runtime import rpc
 
@@ -112,6 +113,32 @@ def test_profile_times_mul_mat_id_on_the_cpu(synth_model) -> None:
             assert prof.op_time_us("CPU", o, active=(k + most) / 2) == pytest.approx((t_few + t_most) / 2)
         else:
             assert "few_median_us" not in st and prof.op_time_us("CPU", o, active=k) == st["median_us"]
+
+
+def test_a_shape_only_profile_times_the_few_routing_when_a_routed_model_takes_it(synth_model, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # a shape-only file has no routing to cost: its expert matmuls are timed with the most experts
+    # only; the real model of the same shapes shares that profile (its key is the shapes) and, its
+    # routing measured, gets the timings with every token on the same experts added to it
+    monkeypatch.setenv("OALLAMA_CACHE", str(tmp_path / "cache"))
+    real = synth_model("qwen3moe-small", "q4_k_m")
+    shape = synthetic.write_model(tmp_path / "shape.gguf", "qwen3moe-small", "q4_k_m", shape_only=True, progress=False)
+    kw = {"threads": 1, "n_tokens": (1, 32), "repeats": 3, "progress": False, "calibrated": False}
+    first = profile_model(shape, ["CPU"], routed=False, **kw)
+    ids = [o for o in inventory(real, (32,)).target_ops(32) if o.op == "MUL_MAT_ID" and o.n_tokens == 32]
+    keys = {Profile.op_key(o.op, o.weight_type, o.weight_shape, 32) for o in ids}
+    tables = [first.ops["CPU"], *first.layouts.values()]
+    assert all(k in first.ops["CPU"] and first.ops["CPU"][k]["n_active"] > 8 for k in keys)
+    assert not any("few_median_us" in t[k] for t in tables for k in keys if k in t)
+    second = profile_model(real, ["CPU"], **kw)
+    assert second.key == first.key
+    for prof in (second, Profile.load(next((tmp_path / "cache" / "profiles").glob("*.json")))):
+        tables = [prof.ops["CPU"], *prof.layouts.values()]
+        assert sum(k in t for t in tables for k in keys) > len(keys)  # the host layouts too
+        assert all(t[k]["few_median_us"] > 0 for t in tables for k in keys if k in t)
+    o = ids[0]
+    st = second.ops["CPU"][Profile.op_key(o.op, o.weight_type, o.weight_shape, 32)]
+    assert second.op_time_us("CPU", o, active=8) == pytest.approx(st["few_median_us"])
 
 
 def test_mul_mat_id_time_grows_with_active_experts() -> None:

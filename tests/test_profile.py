@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oallama import ProfileError
+from oallama import ProfileError, _core
 from oallama.planner.cost import hostspeed
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.cost.profile import SCHEMA, Link, Profile, Settings
@@ -180,6 +180,23 @@ def test_an_op_s_compute_is_its_time_less_the_least_of_its_device_s_launch_timin
     # an rpc-server's launch, a round trip like its ops', is taken as measured
     p.devices["RPC[127.0.0.1:1]"], p.ops["RPC[127.0.0.1:1]"] = {"kind": "rpc", "launch_us": launch_us}, ops["CPU"]
     assert p.launch_us("RPC[127.0.0.1:1]") == launch_us
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+@pytest.mark.parametrize("op", ["MUL_MAT", "MUL_MAT_ID"])
+def test_a_long_run_is_timed_three_times(op: str, warmup: int) -> None:
+    # long_us: a column count whose first run (warm-up or timed) takes that long gets at most 3 runs
+    def runs(long_us: float) -> list[int]:
+        if op == "MUL_MAT":
+            res = _core.profile_mul_mat("CPU", "q8_0", 256, 256, [1, 8], 1, warmup, 6, True, "", "", long_us)
+        else:
+            res = _core.profile_mul_mat_id("CPU", "q8_0", 256, 256, 8, 2, [1, 8], [], 1, warmup, 6, True, "", "",
+                                           long_us)
+        return [len(r.samples_us) for r in res]
+
+    assert runs(0.0) == [6, 6]
+    assert runs(1e9) == [6, 6]  # none that long
+    assert runs(1e-3) == [3, 3]
 
 
 def test_link_fit() -> None:

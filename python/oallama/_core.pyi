@@ -343,16 +343,18 @@ def reserve(context: Context) -> None:
 # --- profiling (profile.cpp) -----------------------------------------------------------------
 def profile_mul_mat(device: str, type: str, k: int, m: int, ns: Sequence[int], n_threads: int, warmup: int = 2,
                     repeats: int = 5, use_extra_bufts: bool = True, host_of: str = "",
-                    layout: str = "") -> list[Timing]:
+                    layout: str = "", long_us: float = 0.0) -> list[Timing]:
     """One Timing per n in ns (CPU: the weight in host_of's pinned host buffer type when named; in the
-    buffer type `layout` names when given)."""
+    buffer type `layout` names when given). A column count whose first run takes long_us or more
+    (0: none) is warmed up once and timed at most 3 times."""
 def profile_copy(device: str, bytes: int, host_to_device: bool, warmup: int = 2, repeats: int = 5) -> Timing: ...
 def profile_launch(device: str, n_threads: int, warmup: int = 2, repeats: int = 5, wait: bool = True) -> Timing: ...
 def profile_mul_mat_id(device: str, type: str, k: int, m: int, n_expert: int, n_expert_used: int, ns: Sequence[int],
                        n_active: Sequence[int] = ..., n_threads: int = 1, warmup: int = 2, repeats: int = 5,
-                       use_extra_bufts: bool = True, host_of: str = "", layout: str = "") -> list[Timing]:
+                       use_extra_bufts: bool = True, host_of: str = "", layout: str = "",
+                       long_us: float = 0.0) -> list[Timing]:
     """MUL_MAT_ID of experts [k, m, n_expert]: one Timing per n in ns, routed to n_active[i] distinct experts
-    (default min(n_expert, n * n_expert_used))."""
+    (default min(n_expert, n * n_expert_used)); long_us: as profile_mul_mat's."""
 
 # --- llama.cpp's automatic fit (fit.cpp; absent when built with OALLAMA_TOOLS=OFF) ---------
 def fit_params(path: str, devices: Sequence[str], margins: Sequence[int], n_ctx: int, n_batch: int = 512,

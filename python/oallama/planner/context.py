@@ -414,7 +414,7 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
     # device model's reference has the one-op column counts of a one-sequence decode only)
     kw: dict[str, Any] = {"threads": threads, "n_tokens": tuple(sorted({*DEFAULT_TOKENS, workload.decode})),
                           "n_ctx": workload.n_ctx, "op_offload": op_offload, "progress": progress,
-                          "decode_tokens": workload.decode, **attention}
+                          "decode_tokens": workload.decode, "routed": not model.shape_only, **attention}
     settings = default_settings(threads, op_offload=op_offload, **attention)
     if model.shape_only and calibration == "model":
         raise PlanError(f"{path}: a shape-only file (zero weights) cannot be calibrated by running it; "

@@ -22,6 +22,7 @@ from . import hostspeed
 from .calibrate import calibrate
 from .profile import (
     DEFAULT_TOKENS,
+    HOST_LAYOUTS,
     PLAIN,
     REPACK,
     UNSUPPORTED,
@@ -54,31 +55,45 @@ def _spread(sizes: list[int], k: int = 6) -> list[int]:
     return sorted(pts | {4 << 20})
 
 
+LONG_US = 50_000.0  # a column count whose first run takes this long (us) is timed 1 warm-up + 3 runs (csrc/profile.cpp)
+
+
 def time_op(device: str, op: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int | None,
-             threads: int, warmup: int, repeats: int, repack: bool, host_of: str,
-             layout: str = "") -> tuple[list[Any], list[dict[str, Any]]]:
+            threads: int, warmup: int, repeats: int, repack: bool, host_of: str,
+            layout: str = "", few: bool = True) -> tuple[list[Any], list[dict[str, Any]]]:
     """One weight matmul signature at each column count: (results, extra stats per column).
     MUL_MAT_ID (experts [k, m, n_expert], n_used per token): each of n tokens routed so that
     min(n_expert, n * n_used) distinct experts are active (every expert's weights are read once a
-    batch is large enough, as with real routing), and also with every token on the same n_used
-    experts (`few_median_us`): a real routing's time lies between (`op_time_us`'s active)."""
+    batch is large enough, as with real routing), and, when `few`, also with every token on the
+    same n_used experts (`few_median_us`): a real routing's time lies between (`op_time_us`'s
+    active). A model without a measured routing (a shape-only file) never uses those."""
     if op == "MUL_MAT":
         res = _core.profile_mul_mat(device, wtype, shape[0], shape[1], cols, threads, warmup, repeats, repack, host_of,
-                                    layout)
+                                    layout, LONG_US)
         return res, [{} for _ in cols]
     assert n_used is not None
     active = [min(shape[2], n * n_used) for n in cols]
     res = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, cols, active, threads, warmup,
-                                   repeats, repack, host_of, layout)
+                                   repeats, repack, host_of, layout, LONG_US)
     extra: list[dict[str, Any]] = [{"n_expert_used": n_used, "n_active": a} for a in active]
-    few = [n for n, a in zip(cols, active, strict=True) if a > n_used]
     if few:
-        res_few = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, few,
-                                           [n_used] * len(few), threads, warmup, repeats, repack, host_of, layout)
+        t_few = _time_few(device, wtype, shape, cols, n_used, threads, warmup, repeats, repack, host_of, layout)
         for x, n in zip(extra, cols, strict=True):
-            if n in few:
-                x["few_median_us"] = statistics.median(res_few[few.index(n)].samples_us)
+            if n in t_few:
+                x["few_median_us"] = t_few[n]
     return res, extra
+
+
+def _time_few(device: str, wtype: str, shape: tuple[int, ...], cols: list[int], n_used: int, threads: int,
+              warmup: int, repeats: int, repack: bool, host_of: str, layout: str) -> dict[int, float]:
+    """A MUL_MAT_ID's median (us) with every token on the same n_used experts, at those of `cols`
+    whose tokens could use more experts than that."""
+    few = [n for n in cols if min(shape[2], n * n_used) > n_used]
+    if not few:
+        return {}
+    res = _core.profile_mul_mat_id(device, wtype, shape[0], shape[1], shape[2], n_used, few, [n_used] * len(few),
+                                   threads, warmup, repeats, repack, host_of, layout, LONG_US)
+    return {n: statistics.median(r.samples_us) for n, r in zip(few, res, strict=True)}
 
 
 def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str, shape: tuple[int, ...],
@@ -106,12 +121,23 @@ def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str
                                                                             "buffer_type": r.buffer_type, **x}
 
 
+def _experts_used(inv: Inventory) -> dict[tuple[str, str, tuple[int, ...]], set[int]]:
+    """MUL_MAT_ID signatures -> the experts each token is routed to (ne[0] of the ops' ids)."""
+    routed: dict[tuple[str, str, tuple[int, ...]], set[int]] = {}
+    for g in inv.graphs:
+        for o in inv.target_ops(g):
+            if o.op == "MUL_MAT_ID":
+                routed.setdefault((o.op, o.weight_type, o.weight_shape), set()).add(o.n_expert_used)
+    return routed
+
+
 def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmup: int = 2, repeats: int = 5,
-            progress: bool = True, known: KnownTimes | None = None) -> Profile:
+            progress: bool = True, known: KnownTimes | None = None, few: bool = True) -> Profile:
     """Time every target op signature of `inv` on every device, and the host<->device links.
     known: one-op times already measured on these devices with these settings (a device model's,
     devicemodel.py; its devices under today's names): a weight matmul's times at the column counts
-    it has are taken from it, only the others timed."""
+    it has are taken from it, only the others timed. few: expert matmuls also with every token on
+    the same experts (`time_op`; `time_few` adds them later)."""
     t_start = time.perf_counter()
     reused = 0
     devs = [devmod.resolve(d) for d in devices]
@@ -126,12 +152,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     # with a GPU-class device in the load, llama.cpp keeps host weights in its pinned host buffer
     # type (plain layout), ahead of the repacked ones: time the CPU's ops in that memory
     host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
-    # MUL_MAT_ID signatures -> the experts each token is routed to (ne[0] of the ops' ids)
-    routed: dict[tuple[str, str, tuple[int, ...]], set[int]] = {}
-    for g in inv.graphs:
-        for o in inv.target_ops(g):
-            if o.op == "MUL_MAT_ID":
-                routed.setdefault((o.op, o.weight_type, o.weight_shape), set()).add(o.n_expert_used)
+    routed = _experts_used(inv)
     for d in devs:
         threads = settings.threads if d.is_host else 1
         launch = _core.profile_launch(d.name, threads, warmup, max(repeats, 5))
@@ -153,7 +174,8 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
                     done += 1
                     continue
                 cols = left
-            _time_signature(d, (op, wtype, shape), cols, n_used, settings, host_of, warmup, repeats, ops[d.name], layouts)
+            _time_signature(d, (op, wtype, shape), cols, n_used, settings, host_of, warmup, repeats, ops[d.name], layouts,
+                            few)
             done += 1
             if progress:
                 print(f"\rprofile: {done}/{total} op shapes ({d.name}: {op} {wtype} {'x'.join(map(str, shape))} "
@@ -177,14 +199,14 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
 
 def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], cols: list[int], n_used: int | None,
                     settings: Settings, host_of: str, warmup: int, repeats: int, out: dict[str, dict[str, Any]],
-                    layouts: dict[str, dict[str, dict[str, Any]]]) -> None:
+                    layouts: dict[str, dict[str, dict[str, Any]]], few: bool = True) -> None:
     """Time one weight matmul signature (op, weight type, shape) on `d` at `cols` into `out` (op key
-    -> stats) and, on the host, in both layouts into `layouts`."""
+    -> stats) and, on the host, in both layouts into `layouts` (few: `time_op`'s)."""
     op, wtype, shape = sig
     threads = settings.threads if d.is_host else 1
     try:
         res, extra = time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats, settings.repack,
-                             host_of)
+                             host_of, few=few)
     except RuntimeError as e:
         if d.is_host or not is_unsupported(e):
             raise ProfileError(str(e)) from None
@@ -196,7 +218,7 @@ def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], col
         if d.is_host:
             _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
                           lambda lay: time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
-                                              lay), settings.repack and not host_of)
+                                              lay, few), settings.repack and not host_of)
     except RuntimeError as e:
         raise ProfileError(str(e)) from None
     for n, r, x in zip(cols, res, extra, strict=True):
@@ -220,6 +242,37 @@ def time_more_columns(prof: Profile, wanted: Mapping[tuple[str, str, tuple[int, 
     return timed
 
 
+def time_few(prof: Profile, inv: Inventory, *, warmup: int = 2, repeats: int = 5) -> int:
+    """Time into `prof` the expert matmuls' times with every token on the same experts
+    (`few_median_us`) that it lacks: a profile measured for a shape-only file (`measure`'s few
+    off) taken by a model whose routing is measured. The op-device-layout tables timed."""
+    devs = [devmod.resolve(d) for d in prof.devices]
+    host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
+    timed = 0
+    for (op, wtype, shape), used in sorted(_experts_used(inv).items()):
+        if len(used) != 1:
+            continue
+        (n_used,) = used
+        cols = sorted(signatures(inv)[(op, wtype, shape)])
+        for d in devs:
+            threads = prof.settings.threads if d.is_host else 1
+            # (table, how that table's times were taken: repacking allowed, host_of, layout)
+            tables = [(prof.ops.get(d.name, {}), prof.settings.repack, host_of, "")]
+            if d.is_host:
+                tables += [(prof.layouts.get(lay, {}), True, "", lay) for lay in HOST_LAYOUTS]
+            for table, repack, host, layout in tables:
+                keys = {n: Profile.op_key(op, wtype, shape, n) for n in cols}
+                missing = [n for n, k in keys.items() if k in table and "few_median_us" not in table[k]
+                           and table[k].get("n_active", 0) > n_used]
+                if not missing:
+                    continue
+                t_few = _time_few(d.name, wtype, shape, missing, n_used, threads, warmup, repeats, repack, host, layout)
+                for n, us in t_few.items():
+                    table[keys[n]]["few_median_us"] = us
+                timed += 1
+    return timed
+
+
 def _take_known(known: KnownTimes, device: str, is_host: bool, op: str, wtype: str, shape: tuple[int, ...],
                 cols: list[int], out: dict[str, dict[str, Any]], layouts: dict[str, dict[str, dict[str, Any]]]) -> list[int]:
     """Copy a weight matmul's times at those of `cols` that `known` has into `out` (and, on the
@@ -239,14 +292,16 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
                   progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
                   server_threads: int = 0, known: KnownTimes | None = None, flash_attn: bool = False,
-                  type_k: str = "f16", type_v: str = "f16", decode_tokens: int = 1) -> Profile:
+                  type_k: str = "f16", type_v: str = "f16", decode_tokens: int = 1, routed: bool = True) -> Profile:
     """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
     with the same key. `threads` defaults to llama-cpp-python's default for generation.
     calibrated: also time the real graph (calibrate.py); server_threads: threads of the
     rpc-server among `devices`, when known (part of the key: the times depend on it); known:
     one-op times to take rather than measure (`measure`); flash_attn, type_k, type_v: the real graph's
     attention (the calibration's loads; the one-op times do not depend on it); decode_tokens: the
-    workload's decode pass, which the calibration times too (and n_tokens should hold)."""
+    workload's decode pass, which the calibration times too (and n_tokens should hold); routed: the
+    model's expert routing is measured, so its expert matmuls are timed with every token on the
+    same experts too (`time_op`'s few; added to a cached profile that lacks them)."""
     settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
                                 server_threads=server_threads, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
                                 decode_tokens=decode_tokens)
@@ -265,13 +320,18 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             if progress:
                 print(f"profile: reusing {cached}", file=sys.stderr)
             # outside the try: a routing that cannot be measured is an error, not an unreadable cache
-            if _remeasure_routing(prof, path, settings, progress):
+            changed = _remeasure_routing(prof, path, settings, progress)
+            n_few = time_few(prof, inv, warmup=warmup, repeats=repeats) if routed else 0
+            if progress and n_few:
+                print(f"profile: timed {n_few} expert matmul table(s) with every token on the same experts "
+                      "(this model's routing needs them)", file=sys.stderr)
+            if changed or n_few:
                 prof.save(cached)
             return prof
     acc = next((d.name for d in devs if not d.is_host), None)
     before = hostspeed.measure_devices(settings.threads, acc)
     prof = measure(inv, [d.name for d in devs], settings, warmup=warmup, repeats=repeats, progress=progress,
-                   known=known)
+                   known=known, few=routed)
     # before the calibration: a launch timed while the machine was disturbed is taken as timed around it
     prof.host_speed = {"reference": hostspeed.REF_DESCRIPTION, "before": before}
     for d in devs:
