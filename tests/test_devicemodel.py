@@ -3,6 +3,7 @@ every other model costed from it without running its graph, a shape-only file ne
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,29 @@ def test_a_model_of_the_references_shapes_takes_its_matmul_times_from_the_device
     ctx2 = planmod.build_context(wider, None, WORKLOAD, threads=1, progress=False)
     own = signatures(ctx2.profile.ops["CPU"])
     assert timed and set(timed) == own - signatures(dm.matmuls["ops"]["CPU"])
+
+
+def test_a_model_costed_from_the_device_model_is_timed_only_at_the_column_counts_its_plan_reads(
+        runs: dict[str, list[str]], tmp_path: Path) -> None:
+    """Its weight matmuls are timed at the grid's column counts its passes' ops are interpolated from
+    (a 40-token prompt: 32 and 64; and 1), not at the others; from those each op costs what it costs
+    from the whole grid, at the plan's column counts and beyond the grid's ends."""
+    wider = synthetic.write_model(tmp_path / "wider.gguf", "mid", "q8_0", n_layer=2, shape_only=True, progress=False)
+    ctx = planmod.build_context(wider, None, WORKLOAD, threads=1, progress=False)
+    ops = [op for pm in ctx.passes.values() for op in target_ops(pm.graph)]
+    assert {op.n_tokens for op in ops} == {1, 40}
+    assert {int(k.rsplit(":", 1)[1]) for k in ctx.profile.ops["CPU"]} == {1, 32, 64}
+
+    whole = measuremod.profile_model(wider, ["CPU"], threads=1, repeats=2, progress=False, calibrated=False,
+                                     cache=False, routed=False)
+    for used in ({1, 40}, {1, 40, 600}):
+        keep = profilemod.grid_columns(used, profilemod.DEFAULT_TOKENS)
+        part = copy.deepcopy(whole)
+        part.ops["CPU"] = {k: v for k, v in whole.ops["CPU"].items() if int(k.rsplit(":", 1)[1]) in keep}
+        assert len(part.ops["CPU"]) < len(whole.ops["CPU"])
+        for op in ops:
+            for n in used:
+                assert part.op_time_us("CPU", op, n) == whole.op_time_us("CPU", op, n), (op.weight, n)
 
 
 def test_the_reference_s_layer_weights_are_kept_at_every_column_count(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from ..runtime.place import layer_weights
 from .cost import devicemodel, opsizes
 from .cost.calfit import Calibration, interpolated
 from .cost.measure import profile_model
-from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings
+from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings, grid_columns
 from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 from .graph import Graph, GraphSession, attention_layers, target_ops
 
@@ -352,8 +352,10 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
     if profile is None:
         if progress:
             log("profiling (cached after the first time)")
+        used = {op.n_tokens for g in [*graphs.values(), *(g for g in full.values() if g is not None)]
+                for op in target_ops(g)}  # the column counts this plan costs weight matmuls at
         profile = _profile(path, model, acc_name, workload, threads=threads, op_offload=op_offload,
-                           progress=progress, calibration=calibration, attention=attention)
+                           progress=progress, calibration=calibration, attention=attention, used=used)
     _check_profile(profile, acc_name, graphs, attention)
     if acc_name:  # the accelerator's kernels run columns in tiles: its matmuls timed at these pass sizes too
         timed = opsizes.time_missing(profile, [*graphs.values(), *(g for g in full.values() if g is not None)],
@@ -404,15 +406,18 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
 
 def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workload: Workload, *,
              threads: int | None, op_offload: bool, progress: bool, calibration: str,
-             attention: Mapping[str, Any]) -> Profile:
+             attention: Mapping[str, Any], used: Iterable[int]) -> Profile:
     """The one-op profile of `path`, with its calibration from where `calibration` says
     (`build_context`), measured with `attention` (flash attention resolved, the KV cache's types).
-    A shape-only file is never run: only the device model can cost it."""
+    A shape-only file is never run: only the device model can cost it. used: the column counts the
+    plan costs weight matmuls at; a model costed from the device model is timed at those of the
+    profile's grid they are interpolated from (`grid_columns`), not at the others."""
     devices = [HOST, acc] if acc else [HOST]
     # the workload's decode pass of several sequences: its weights (the output at a column per
     # sequence) timed one-op, and the pass in the real graph when this model is calibrated (the
     # device model's reference has the one-op column counts of a one-sequence decode only)
-    kw: dict[str, Any] = {"threads": threads, "n_tokens": tuple(sorted({*DEFAULT_TOKENS, workload.decode})),
+    grid = tuple(sorted({*DEFAULT_TOKENS, workload.decode}))
+    kw: dict[str, Any] = {"threads": threads, "n_tokens": grid,
                           "n_ctx": workload.n_ctx, "op_offload": op_offload, "progress": progress,
                           "decode_tokens": workload.decode, "routed": not model.shape_only, **attention}
     settings = default_settings(threads, op_offload=op_offload, **attention)
@@ -432,7 +437,12 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
             calibration="model"), progress=progress)
     if dm is None:
         return profile_model(path, devices, **kw)
-    prof = profile_model(path, devices, calibrated=False, known=dm.known_times(devices), **kw)
+    # no calibration of this model reads the other column counts, so they are not timed: every op
+    # the plan costs is interpolated between the same ones as over the whole grid (a plan of other
+    # pass sizes is another profile key); the 30B-A3B's expert matmuls at 32-256 columns took as long
+    # as at 512
+    prof = profile_model(path, devices, calibrated=False, known=dm.known_times(devices),
+                         **{**kw, "n_tokens": tuple(sorted(grid_columns(used, grid)))})
     prof.calibration = dm.calibration(list(prof.devices), devicemodel.n_vocab(model))
     n_expert = int(model.hparam("expert_count", 0) or 0)
     if n_expert and not model.shape_only:  # which experts a pass touches: the model's own (one host pass)

@@ -28,7 +28,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,25 @@ def build_info() -> dict[str, Any]:
     stamp = _libs.llama_cpp_stamp()
     return {"oallama": __version__, "llama_cpp_commit": stamp["llama_cpp_commit"],
             "patches": [p[0] for p in stamp["patches"]], "cuda": bool(_core.have_cuda)}
+
+
+def grid_columns(cols: Iterable[int], grid: Sequence[int]) -> set[int]:
+    """The column counts of `grid` that `Profile.op_time_us` costs each of `cols` from, had it timed
+    the whole grid: the count itself where the grid has it, else its neighbours below and above, or
+    the two nearest beyond an end of the grid (at least 2 counts)."""
+    g = sorted(set(grid))
+    out: set[int] = set()
+    for c in cols:
+        if c in g:
+            out.add(c)
+        elif c < g[0]:
+            out |= {g[0], g[1]}
+        elif c > g[-1]:
+            out |= {g[-2], g[-1]}
+        else:
+            i = bisect.bisect(g, c)
+            out |= {g[i - 1], g[i]}
+    return out
 
 
 UNSUPPORTED = "unsupported"  # an op entry's flag: the device refused to run the op (no times)
