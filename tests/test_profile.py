@@ -186,11 +186,12 @@ def test_an_op_s_compute_is_its_time_less_the_least_of_its_device_s_launch_timin
 @pytest.mark.parametrize("op", ["MUL_MAT", "MUL_MAT_ID"])
 def test_a_long_run_is_timed_three_times(op: str, warmup: int) -> None:
     # long_us: a column count whose first run (warm-up or timed) takes that long gets at most 3 runs
+    # (1 ns: every run; a 1M-multiply-add op takes tens of us)
     def runs(long_us: float) -> list[int]:
         if op == "MUL_MAT":
-            res = _core.profile_mul_mat("CPU", "q8_0", 256, 256, [1, 8], 1, warmup, 6, True, "", "", long_us)
+            res = _core.profile_mul_mat("CPU", "q8_0", 1024, 1024, [1, 8], 1, warmup, 6, True, "", "", long_us)
         else:
-            res = _core.profile_mul_mat_id("CPU", "q8_0", 256, 256, 8, 2, [1, 8], [], 1, warmup, 6, True, "", "",
+            res = _core.profile_mul_mat_id("CPU", "q8_0", 1024, 1024, 8, 2, [1, 8], [], 1, warmup, 6, True, "", "",
                                            long_us)
         return [len(r.samples_us) for r in res]
 

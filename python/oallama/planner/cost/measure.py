@@ -249,11 +249,12 @@ def time_few(prof: Profile, inv: Inventory, *, warmup: int = 2, repeats: int = 5
     devs = [devmod.resolve(d) for d in prof.devices]
     host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
     timed = 0
+    sigs = signatures(inv)
     for (op, wtype, shape), used in sorted(_experts_used(inv).items()):
         if len(used) != 1:
             continue
         (n_used,) = used
-        cols = sorted(signatures(inv)[(op, wtype, shape)])
+        cols = sorted(sigs[(op, wtype, shape)])
         for d in devs:
             threads = prof.settings.threads if d.is_host else 1
             # (table, how that table's times were taken: repacking allowed, host_of, layout)
