@@ -84,15 +84,21 @@ def test_a_plan_measured_faster_replaces_the_baseline(ctx: Any, host_only: Any, 
     assert conf.plan.strategy == "optimal" and "winner" not in conf.plan.extra
 
 
-def test_the_baseline_wins_a_tie(ctx: Any, host_only: Any) -> None:
-    """The same placement loaded twice, once as llama.cpp's and once as a candidate predicted twice
-    as fast: whatever noise separates the two loads, the baseline is kept."""
+def test_the_baseline_wins_a_tie(ctx: Any, host_only: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same placement, once as llama.cpp's and once as a candidate predicted twice as fast: the
+    baseline is kept. Every round runs on a fresh load of each: a load's speed is its own (the same
+    two loads measured one up to 7% faster in every round), which only fresh loads put in the
+    rounds' spread."""
+    loads: list[str] = []
+    open_ = C._Runner.open
+    monkeypatch.setattr(C._Runner, "open", lambda self, c: loads.append(c.label) or open_(self, c))
     cands = [C.Candidate(["layers"], host_only, True, host_only.predicted["e2e_ms"]),
              C.Candidate(["optimal"], dataclasses.replace(host_only, strategy="optimal"), False,
                          host_only.predicted["e2e_ms"] / 2)]
     conf = C.confirm(ctx, {}, ConfirmOptions(confirm_rounds=7), candidates=cands, cache=False, progress=False)
     assert conf.chosen is cands[0], conf.reason
     assert conf.plan.extra["winner"] == "layers"
+    assert conf.rounds == 7 and sorted(loads) == ["layers"] * 7 + ["optimal"] * 7, loads
 
 
 def test_the_time_bound_holds(ctx: Any, host_only: Any, scattered: Any) -> None:

@@ -4,8 +4,8 @@ The cost model ranks placements; where two are close, or the model is wrong abou
 tells. `confirm` shortlists the planner's best plan, llama.cpp's own placements for the budget
 (`layers`, `fit`, and `n-cpu-moe` for a mixture of experts; on the CPU alone its default load) and
 the next distinct plans, loads them (all at once when memory allows, else one at a time), runs the
-workload on each in alternated rounds -- its prompt at its stated length, then decode steps -- and
-keeps the measured fastest. A plan departs from the best of llama.cpp's placements only when it
+workload on each in alternated rounds -- its prompt at its stated length, then decode steps, each
+round on a fresh load of every candidate -- and keeps the measured fastest. A plan departs from the best of llama.cpp's placements only when it
 measured faster than it by more than the rounds' spread (and more than `TIE`), over at least
 `MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept. A placement
 over the budget by llama.cpp's accounting is never kept: `-ngl 0` still puts op offload's compute
@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,7 +69,10 @@ LLAMA_CPP_OWN = ("layers", "fit", "n-cpu-moe")  # llama.cpp's own placements (on
 CHALLENGERS = ("optimal", "affinity")  # oallama's plans, in the order a tie on prediction ranks them
 MAX_CANDIDATES = 4  # distinct placements measured, at most
 MIN_ROUNDS = 3  # rounds before a plan may depart from llama.cpp's placement (fewer: no spread to judge by)
-TIE = 0.02  # a plan departs only when measured faster than this too (a share of the baseline's time)
+# a plan departs only when measured faster than this too (a share of the baseline's time): one placement
+# loaded twice, on fresh loads each round, measured up to 2.8% faster than itself beyond the rounds'
+# spread in 2 of 160 confirmations here (bench/results/2026-11-27-vm-confirm-ties)
+TIE = 0.03
 # a baseline too slow to run (again) within the time bound loses to a plan measured at under its first
 # run's time / this, or its predicted time / this where it never ran (the held-out evaluation's worst
 # prediction erred by 24%; a first run's allocation adds seconds at most): lavapipe's streamed prompts,
@@ -329,21 +332,30 @@ class _Runner:
         self.loads_s: list[float] = []  # every load's time (s)
 
     def open(self, c: Candidate) -> Any:
+        """A fresh load of c, warmed by one token of prompt and one decode step (every weight read
+        once, its pages mapped): load and warm-up timed together as its load time."""
+        from ..runtime.generate import prompt_tokens, timed_generate
         from ..runtime.llama import Llama
 
         path = c.plan.save(self.tmp / f"candidate-{load_key(c.plan)}.json")
         t0 = time.perf_counter()
         llm = Llama(str(self.ctx.model.path), placement=str(path), **self.load)
+        try:
+            if self.prompt is None:
+                self.prompt = prompt_tokens(llm, self.ctx.workload.prompt)
+            timed_generate(llm, self.prompt[:1], 2)
+        except BaseException:
+            llm.close()
+            raise
         c.load_s = time.perf_counter() - t0
         self.loads_s.append(c.load_s)
         return llm
 
     def run(self, llm: Any) -> dict[str, float]:
-        from ..runtime.generate import prompt_tokens, timed_generate, timed_parallel
+        from ..runtime.generate import timed_generate, timed_parallel
 
         wl = self.ctx.workload
-        if self.prompt is None:
-            self.prompt = prompt_tokens(llm, wl.prompt)
+        assert self.prompt is not None  # set by open
         g = (timed_parallel(llm, self.prompt, wl.parallel, self.steps + 1) if wl.parallel > 1
              else timed_generate(llm, self.prompt, self.steps + 1))
         ttft, tpot = g.ttft_s * 1e3, g.tpot_s * 1e3
@@ -387,24 +399,38 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
 
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="oallama-confirm-") as tmp:
         runner = _Runner(ctx, load, steps, Path(tmp))
-        llms: dict[int, Any] = {}  # candidate -> its load (together: all of them, for the whole measurement)
+        llms: dict[int, Any] = {}  # candidate -> its load (together: all of them at once)
+        used: set[int] = set()  # candidates whose load ran a recorded round: the next round loads afresh
+        stack.callback(lambda: [llm.close() for llm in llms.values()])
 
-        def visit(i: int) -> tuple[bool, dict[str, float] | None]:
-            """(in time, a run of candidate i, loaded first when it is not; None: it failed)."""
+        def load_s(i: int) -> float:  # s, before candidate i's next round can run
+            return 0.0 if i in llms and i not in used else runner.load_s()
+
+        def visit(i: int, record: bool = True) -> tuple[bool, dict[str, float] | None]:
+            """(in time, a run of candidate i on a fresh load -- its own after the warm-up; None: it
+            failed). A load's speed is its own: identical placements loaded twice differ in decode by
+            up to 7% here (tests/test_confirm.py), the same in every round of both loads, so only
+            fresh loads make the rounds' spread show it."""
             c = cands[i]
-            if _last_run_s(c, runner) + (0.0 if i in llms else runner.load_s()) > left():
+            if _last_run_s(c, runner) + load_s(i) > left():
                 return False, None
             try:
+                if i in used:
+                    used.discard(i)
+                    llms.pop(i).close()
                 if i not in llms:
-                    llm = runner.open(c)
-                    llms[i] = stack.enter_context(closing(llm)) if together else llm
-                return True, runner.run(llms[i])
+                    llms[i] = runner.open(c)
+                run = runner.run(llms[i])
+                if record:
+                    used.add(i)
+                return True, run
             except OallamaError as e:
                 c.error = f"{type(e).__name__}: {e}"
                 _say(progress, f"'{c.label}' failed: {c.error}")
                 return True, None
             finally:
                 if not together and i in llms:
+                    used.discard(i)
                     llms.pop(i).close()
 
         # the cheapest first: a candidate predicted too slow for what is left of the bound is not run
@@ -413,7 +439,7 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
             for k, i in enumerate(order):
                 c = cands[i]
                 _say(progress, f"{_bar(0, opts.confirm_rounds)} loading '{c.label}' ({k + 1}/{len(cands)})", end="")
-                in_time, c.warmup = visit(i)
+                in_time, c.warmup = visit(i, record=False)
                 if not in_time:
                     c.too_slow = True
                     _say(progress, f"'{c.label}' not run: about {_last_run_s(c, runner):.0f} s a run (predicted), "
@@ -426,7 +452,7 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
         rounds = 0
 
         def need(live: list[int]) -> float:  # s, a round of these candidates
-            return sum(_last_run_s(cands[i], runner) + (0.0 if i in llms else runner.load_s()) for i in live)
+            return sum(_last_run_s(cands[i], runner) + load_s(i) for i in live)
 
         for r in range(opts.confirm_rounds):
             live = [i for i, c in enumerate(cands) if c.error is None and not c.too_slow]
