@@ -4,6 +4,7 @@ every other model costed from it without running its graph, a shape-only file ne
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -139,12 +140,22 @@ def test_a_model_costed_from_the_device_model_is_timed_only_at_the_column_counts
         runs: dict[str, list[str]], tmp_path: Path) -> None:
     """Its weight matmuls are timed at the grid's column counts its passes' ops are interpolated from
     (a 40-token prompt: 32 and 64; and 1), not at the others; from those each op costs what it costs
-    from the whole grid, at the plan's column counts and beyond the grid's ends."""
+    from the whole grid, at the plan's column counts and beyond the grid's ends. A plan of another
+    prompt (200 tokens: 128 and 256) adds its counts to the same profile, timing only those."""
     wider = synthetic.write_model(tmp_path / "wider.gguf", "mid", "q8_0", n_layer=2, shape_only=True, progress=False)
     ctx = planmod.build_context(wider, None, WORKLOAD, threads=1, progress=False)
     ops = [op for pm in ctx.passes.values() for op in target_ops(pm.graph)]
     assert {op.n_tokens for op in ops} == {1, 40}
-    assert {int(k.rsplit(":", 1)[1]) for k in ctx.profile.ops["CPU"]} == {1, 32, 64}
+
+    def columns(table: dict[str, Any]) -> set[int]:
+        return {int(k.rsplit(":", 1)[1]) for k in table}
+
+    first = copy.deepcopy(ctx.profile.ops["CPU"])
+    assert columns(first) == {1, 32, 64}
+    longer = planmod.build_context(wider, None, dataclasses.replace(WORKLOAD, prompt=200, n_ubatch=256), threads=1,
+                                   progress=False)
+    assert longer.profile.key == ctx.profile.key and columns(longer.profile.ops["CPU"]) == {1, 32, 64, 128, 256}
+    assert all(longer.profile.ops["CPU"][k] == v for k, v in first.items())  # kept, not timed again
 
     whole = measuremod.profile_model(wider, ["CPU"], threads=1, repeats=2, progress=False, calibrated=False,
                                      cache=False, routed=False)

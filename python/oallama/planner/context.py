@@ -439,8 +439,8 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
         return profile_model(path, devices, **kw)
     # no calibration of this model reads the other column counts, so they are not timed: every op
     # the plan costs is interpolated between the same ones as over the whole grid (a plan of other
-    # pass sizes is another profile key); the 30B-A3B's expert matmuls at 32-256 columns took as long
-    # as at 512
+    # pass sizes adds its counts to the same profile: measure.time_more_columns); the 30B-A3B's expert
+    # matmuls at 32-256 columns took as long as at 512
     prof = profile_model(path, devices, calibrated=False, known=dm.known_times(devices),
                          **{**kw, "n_tokens": tuple(sorted(grid_columns(used, grid)))})
     prof.calibration = dm.calibration(list(prof.devices), devicemodel.n_vocab(model))

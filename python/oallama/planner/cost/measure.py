@@ -8,7 +8,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +142,7 @@ def measure(inv: Inventory, devices: Sequence[str], settings: Settings, *, warmu
     reused = 0
     devs = [devmod.resolve(d) for d in devices]
     sigs = signatures(inv)
-    shapes = shapes_hash(inv)
+    shapes = shapes_hash(inv, columns=settings.calibrate)
     ops: dict[str, dict[str, dict[str, Any]]] = {d.name: {} for d in devs}
     links: dict[str, dict[str, Link]] = {}
     info: dict[str, dict[str, Any]] = {}
@@ -225,19 +225,31 @@ def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], col
         out[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us), "buffer_type": r.buffer_type, **x}
 
 
-def time_more_columns(prof: Profile, wanted: Mapping[tuple[str, str, tuple[int, ...]], Sequence[int]], *,
-                      warmup: int = 2, repeats: int = 5) -> int:
-    """Time the weight matmuls (MUL_MAT signatures) of `wanted` at those of their column counts
-    `prof` lacks, on each of its devices, into `prof`: the signature-device pairs timed."""
+def time_more_columns(prof: Profile, wanted: Mapping[tuple[str, str, tuple[int, ...]], Collection[int]], *,
+                      experts: Mapping[tuple[str, str, tuple[int, ...]], set[int]] | None = None,
+                      known: KnownTimes | None = None, few: bool = True, warmup: int = 2, repeats: int = 5) -> int:
+    """Time the weight matmuls of `wanted` (signature -> column counts) at those of their column
+    counts `prof` lacks, on each of its devices, into `prof` (taken from `known` where it has them):
+    the signature-device pairs timed. An expert matmul (MUL_MAT_ID) is timed only with `experts`,
+    its experts per token (`_experts_used`; few: `time_op`'s)."""
     devs = [devmod.resolve(d) for d in prof.devices]
     host_of = next((d.name for d in devs if not d.is_host and d.host_buffer_type), "")
     timed = 0
     for d in devs:
         table = prof.ops.setdefault(d.name, {})
         for sig, cols in sorted(wanted.items()):
+            op, wtype, shape = sig
             missing = sorted(n for n in set(cols) if Profile.op_key(*sig, n) not in table)
-            if sig[0] == "MUL_MAT" and missing:
-                _time_signature(d, sig, missing, None, prof.settings, host_of, warmup, repeats, table, prof.layouts)
+            n_used = None
+            if op == "MUL_MAT_ID" and len((experts or {}).get(sig, ())) == 1:
+                (n_used,) = (experts or {})[sig]
+            elif op != "MUL_MAT":
+                continue
+            if missing and op == "MUL_MAT" and known is not None:
+                missing = _take_known(known, d.name, d.is_host, op, wtype, shape, missing, table, prof.layouts)
+            if missing:
+                _time_signature(d, sig, missing, n_used, prof.settings, host_of, warmup, repeats, table, prof.layouts,
+                                few)
                 timed += 1
     return timed
 
@@ -310,7 +322,7 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
         inv = inventory(path, sorted(set(n_tokens)), n_ctx=n_ctx,
                         outputs={decode_tokens: decode_tokens} if decode_tokens > 1 else None)
     devs = [devmod.resolve(d) for d in devices]
-    key = profile_key(shapes_hash(inv), devs, settings)
+    key = profile_key(shapes_hash(inv, columns=calibrated), devs, settings)
     cached = cache_dir() / f"{key}.json"
     if cache and cached.exists():
         try:
@@ -326,7 +338,15 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
             if progress and n_few:
                 print(f"profile: timed {n_few} expert matmul table(s) with every token on the same experts "
                       "(this model's routing needs them)", file=sys.stderr)
-            if changed or n_few:
+            # uncalibrated: keyed without column counts (shapes_hash), it grows by those of this plan
+            t0 = time.perf_counter()
+            n_cols = 0 if calibrated else time_more_columns(prof, signatures(inv), experts=_experts_used(inv),
+                                                            known=known, few=routed, warmup=warmup, repeats=repeats)
+            if progress and n_cols:
+                print(f"profile: timed {n_cols} op shape(s) at column counts the cached profile lacked "
+                      f"({', '.join(map(str, sorted(set(n_tokens))))} asked) in {time.perf_counter() - t0:.1f} s",
+                      file=sys.stderr)
+            if changed or n_few or n_cols:
                 prof.save(cached)
             return prof
     acc = next((d.name for d in devs if not d.is_host), None)

@@ -414,8 +414,11 @@ def signatures(inv: Inventory) -> dict[tuple[str, str, tuple[int, ...]], set[int
     return out
 
 
-def shapes_hash(inv: Inventory) -> str:
-    sig = sorted((k, sorted(v)) for k, v in signatures(inv).items())
+def shapes_hash(inv: Inventory, columns: bool = True) -> str:
+    """What a profile of `inv` times: its weight matmul signatures, and (columns) the column counts
+    each is timed at. An uncalibrated profile is keyed without them: it grows by the counts another
+    plan reads (`measure.time_more_columns`), as nothing fitted reads the counts it has."""
+    sig = sorted((k, sorted(v) if columns else []) for k, v in signatures(inv).items())
     return hashlib.sha256(repr(sig).encode()).hexdigest()
 
 
