@@ -82,7 +82,8 @@ PREDICTION_SLACK = 1.3  # a pass's time before it was measured: its prediction t
 LOAD_S = 0.5  # a load's fixed time before one was measured (s) ...
 LOAD_BYTES_PER_S = 1.0e9  # ... and its speed (bytes of weights per second)
 MEMORY_MARGIN = 0.9  # of the free memory the candidates loaded at once may fill
-VERSION = 2  # of the method: part of the cache key (2: a too-slow baseline's first run stands for it)
+VERSION = 3  # of the method: part of the cache key (2: a too-slow baseline's first run stands for it; 3: every
+# round on fresh loads, TIE 3%)
 
 
 @dataclass
