@@ -410,7 +410,7 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
         def visit(i: int, record: bool = True) -> tuple[bool, dict[str, float] | None]:
             """(in time, a run of candidate i on a fresh load -- its own after the warm-up; None: it
             failed). A load's speed is its own: identical placements loaded twice differ in decode by
-            up to 7% here (tests/test_confirm.py), the same in every round of both loads, so only
+            up to 7% here (bench/results/2026-11-27-vm-confirm-ties), the same in every round of both loads, so only
             fresh loads make the rounds' spread show it."""
             c = cands[i]
             if _last_run_s(c, runner) + load_s(i) > left():
