@@ -18,6 +18,7 @@ from oallama.planner.context import Workload, build_context
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.graph import attention_layers
 from oallama.planner.plan import make_plan
+from oallama.planner.workload import Ubatch
 from oallama.runtime import kvcache, rpc
 from oallama.serve.app import build_app
 from oallama.serve.options import ServeOptions
@@ -162,7 +163,7 @@ def test_a_window_layers_flash_attention_costs_its_window(synth_model) -> None:
     costs = []
     for prompt in (1000, 4000):
         wl = Workload(prompt=prompt, gen=8, n_ubatch=512, flash_attn="on")
-        pm = build_context(path, None, wl, profile=prof, threads=1, progress=False).passes[1]
+        pm = build_context(path, None, wl, profile=prof, threads=1, progress=False).passes[Ubatch(1)]
         fa = [i for i in pm.order if pm.graph.nodes[i].op == "FLASH_ATTN_EXT"]
         costs.append({pm.kv_layer(pm.graph.nodes[i].srcs[1]): pm.t_host[i] for i in fa})
     short, long = costs

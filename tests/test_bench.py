@@ -591,14 +591,17 @@ def test_configurations_measured_off_the_profiles_device_speed_are_listed() -> N
 def test_predicted_passes_carry_every_numeric_key() -> None:
     predicted = {"c1": {"e2e_ms": 3.0, "passes": {"64": {"compute_ms": 2.0, "splits": 3, "new_ms": 0.5,
                                                          "note": "x", "flag": True},
-                                                  "1": {"compute_ms": 1.0, "splits": 1}}},
+                                                  "1": {"compute_ms": 1.0, "splits": 1},
+                                                  "4x1": {"compute_ms": 1.5, "splits": 1}}},
                  "c2": {"e2e_ms": 1.0}}
     configs = {"c1": {"model_name": "m", "strategy": "optimal", "op_offload": True, "budget": "50%",
                       "prompt": 64, "gen": 8}}
     cols, rows = bench_accuracy.predicted_passes(predicted, configs)
     assert cols == ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "n_tokens",
-                    "compute_ms", "splits", "new_ms"]
-    assert [(r["n_tokens"], r["compute_ms"], r.get("new_ms")) for r in rows] == [(1, 1.0, None), (64, 2.0, 0.5)]
+                    "n_seqs", "compute_ms", "splits", "new_ms"]
+    # a decode pass of 4 sequences ("4x1": 4 sequences of 1 token) after the one-sequence passes of 4 or fewer
+    assert [(r["n_tokens"], r["n_seqs"], r["compute_ms"], r.get("new_ms")) for r in rows] == [
+        (1, 1, 1.0, None), (4, 4, 1.5, None), (64, 1, 2.0, 0.5)]
     assert rows[0]["strategy"] == "optimal" and rows[0]["budget"] == "50%"
 
 

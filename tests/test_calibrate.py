@@ -38,6 +38,7 @@ from oallama.planner.cost.profile import Link, Profile, device_identity
 from oallama.planner.cost.schedmodel import HOST, Placement
 from oallama.planner.graph import Graph
 from oallama.planner.plan import Workload, build_context, make_plan
+from oallama.planner.workload import Ubatch
 from oallama.runtime import devices, rpc
 from oallama.runtime.generate import prompt_tokens
 
@@ -461,7 +462,7 @@ def test_calibrated_pass_model_costs_every_op(calibrated: Profile, tiny: Path, r
         assert full.acc_us > 0 and full.copy_us > 0  # the logits come back
     pred = ctx.predict(Placement())
     assert {"compute_ms", "other_ms", "overhead_ms", "copy_ms", "launch_ms"} <= set(pred["passes"]["1"])
-    assert pred["tpot_ms"] == pytest.approx(ctx.passes[1].cost(Placement()).total_us / 1e3)
+    assert pred["tpot_ms"] == pytest.approx(ctx.passes[Ubatch(1)].cost(Placement()).total_us / 1e3)
 
 
 def test_streamed_load_streams_every_weight_matmul(calibrated: Profile, tiny: Path,
@@ -471,7 +472,7 @@ def test_streamed_load_streams_every_weight_matmul(calibrated: Profile, tiny: Pa
     st = calibrated.calibration.stream[rpc_server.device_name]
     ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
                         threads=1, progress=False)
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     matmul_weights = {pm.graph.nodes[i].weight for i in pm.targets}
     assert st["n_weights"] == len(matmul_weights) > 0
     assert st["weight_bytes"] == sum(ctx.weight_bytes[w] for w in matmul_weights)
@@ -482,7 +483,7 @@ def test_streamed_load_streams_every_weight_matmul(calibrated: Profile, tiny: Pa
 def test_stream_link_costs_streamed_weights_only(calibrated: Profile, tiny: Path, rpc_server: rpc.RpcServer) -> None:
     ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
                         threads=1, progress=False)
-    pm = ctx.passes[16]
+    pm = ctx.passes[Ubatch(16)]
     half = sorted(pm.weights)[::2]
     p = Placement(frozenset(), 0, {w: 1 for w in half})  # half the weights streamed, the rest on the host
     before = pm.cost(p)
@@ -501,7 +502,7 @@ def test_stream_link_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_s
     # measured faster than the model's other terms cannot be attributed and keeps the link
     ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
                         threads=1, progress=False)
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     p = Placement(frozenset(), 0, {w: 1 for w in pm.weights})
     c = pm.cost(p)
     base = {"weight_bytes": c.stream_bytes}
@@ -548,8 +549,8 @@ def test_pass_kv_lengths() -> None:
     # 512-token prompt in 2 ubatches, 128 generated: llama.cpp pads the KV view to 256 cells
     wl = Workload(prompt=512, gen=128, n_ubatch=256)
     assert wl.n_ctx == 768
-    assert wl.pass_kv() == {256: 512, 1: 768}  # ubatches at 256 and 512 cells: mean 384 -> 512
-    assert Workload(prompt=32, gen=8).pass_kv() == {32: 256, 1: 256}
+    assert wl.pass_kv() == {Ubatch(256): 512, Ubatch(1): 768}  # ubatches at 256 and 512 cells: mean 384 -> 512
+    assert Workload(prompt=32, gen=8).pass_kv() == {Ubatch(32): 256, Ubatch(1): 256}
 
 
 def test_scattered_load_changes_device_at_almost_every_weight(calibrated: Profile, tiny: Path,
@@ -559,7 +560,7 @@ def test_scattered_load_changes_device_at_almost_every_weight(calibrated: Profil
     sc = calibrated.calibration.scatter[rpc_server.device_name]
     ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
                         threads=1, progress=False)
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     on_acc = frozenset(sc["on_acc"]) & pm.weights
     assert 0 < len(on_acc) < len(pm.weights)
     assert pm.cost(Placement(on_acc, sc["kv_layers"])).n_splits >= 2 * ctx.n_layer
@@ -572,7 +573,7 @@ def test_split_cost_from_a_measured_pass(calibrated: Profile, tiny: Path, rpc_se
     # the model then costs that pass as measured; one the model accounts for gives nothing
     ctx = build_context(tiny, rpc_server.device_name, Workload(prompt=16, gen=4, n_ubatch=16), profile=calibrated,
                         threads=1, progress=False)
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     sc = calibrated.calibration.scatter[rpc_server.device_name]
     p = Placement(frozenset(sc["on_acc"]) & pm.weights, sc["kv_layers"])
     pm.set_split_cost(0.0)
@@ -605,10 +606,10 @@ def test_a_pass_without_the_rpc_server_saves_its_syncs(calibrated: Profile, tiny
     for plan, want in ((none, []), (some, [rpc_server.endpoint])):
         with closing(Llama(str(tiny), placement=str(plan.save(tmp_path / "plan.json")), verbose=False)) as llm:
             assert llm._rpc_endpoints == want, plan.strategy
-    for n, pm in ctx.passes.items():
-        assert pm.detached_us == pytest.approx(min(a + b * n, pm.overhead_us)), n
-        assert pm.cost(Placement()).overhead_us == pytest.approx(pm.overhead_us - pm.detached_us), n
-        assert pm.cost(Placement(frozenset({"output.weight"}))).overhead_us == pm.overhead_us, n
+    for u, pm in ctx.passes.items():
+        assert pm.detached_us == pytest.approx(min(a + b * u.n_tokens, pm.overhead_us)), u
+        assert pm.cost(Placement()).overhead_us == pytest.approx(pm.overhead_us - pm.detached_us), u
+        assert pm.cost(Placement(frozenset({"output.weight"}))).overhead_us == pm.overhead_us, u
     doc = json.loads(json.dumps(calibrated.calibration.to_json()))
     assert Calibration.from_json(doc).detached == calibrated.calibration.detached
     assert calibrated.calibration.renamed({acc: "RPC0"}).detached_us("RPC0", 1) == pytest.approx(a + b)

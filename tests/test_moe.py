@@ -19,6 +19,7 @@ from oallama.model.synthetic import PRESETS
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.cost.profile import Profile
 from oallama.planner.graph import inventory
+from oallama.planner.workload import Ubatch
 from oallama.runtime import rpc
 
 # small variant -> (file type, the full-size preset it shrinks)
@@ -229,7 +230,7 @@ def test_streamed_experts_copy_only_the_routed_experts(moe_context, rpc_server) 
     from oallama.planner.cost.schedmodel import Placement, expert_fraction
 
     ctx = moe_context
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     exps = sorted(w for w in ctx.weight_bytes if "_exps." in w)
     whole = sum(ctx.weight_bytes[w] for w in exps)
     share = {w: pm.copied_share[w] for w in exps}
@@ -271,7 +272,7 @@ def test_streamed_experts_copy_the_recorded_routing(moe_context, rpc_server) -> 
     ctx, n = moe_context, 32
     routing = ctx.profile.calibration.routing
     assert routing is not None and routing.n_tokens == 512 and routing.model
-    pm = ctx.passes[n]
+    pm = ctx.passes[Ubatch(n)]
     exps = sorted(w for w in ctx.weight_bytes if "_exps." in w)
     predicted = sum(pm.copied_share[w] * ctx.weight_bytes[w] for w in exps)  # what a streamed pass copies
     uniform = sum(expert_fraction(routing.n_expert, routing.n_used, n) * ctx.weight_bytes[w] for w in exps)

@@ -16,7 +16,9 @@ from helpers import assert_memory_as_planned, planned_context, stock_context, st
 from oallama import Llama, PlanError, _core
 from oallama.planner.context import Workload, build_context
 from oallama.planner.cost.measure import profile_model
+from oallama.planner.cost.schedmodel import Placement
 from oallama.planner.plan import make_plan
+from oallama.planner.workload import Ubatch
 from oallama.runtime import rpc
 from oallama.runtime.generate import SeqBatch, prompt_tokens, timed_generate, timed_parallel
 
@@ -71,20 +73,47 @@ def test_a_decode_pass_carries_one_token_of_each_sequence_over_its_stream(fa: st
     streams of one query row each), the prompt's passes one stream; the KV cache's bytes are a
     real load's with the same sequences."""
     ctx = _context(tiny, None, 4, fa)
-    assert ctx.workload.decode == 4 and set(ctx.workload.pass_weights()) == {40, 4}
+    assert ctx.workload.decode == 4 and set(ctx.workload.pass_weights()) == {Ubatch(40), Ubatch(4, 4)}
     att = "FLASH_ATTN_EXT" if fa == "on" else "SOFT_MAX"
 
-    def att_shape(n: int) -> tuple[int, ...]:
-        return next(tuple(nd.ne) for nd in ctx.passes[n].graph.nodes if nd.op == att)
+    def att_shape(u: Ubatch) -> tuple[int, ...]:
+        return next(tuple(nd.ne) for nd in ctx.passes[u].graph.nodes if nd.op == att)
 
     # flash attention's result [Dv, n_head, rows, streams]; soft_max's scores [n_kv, rows, n_head, streams]
     rows = 2 if fa == "on" else 1
-    dec, prompt = att_shape(4), att_shape(40)
+    dec, prompt = att_shape(Ubatch(4, 4)), att_shape(Ubatch(40))
     assert (dec[rows], dec[3]) == (1, 4) and (prompt[rows], prompt[3]) == (40, 1)
     with contextlib.closing(Llama(str(tiny), n_ctx=ctx.workload.n_ctx, n_ubatch=64, n_batch=64, n_threads=1,
                                   verbose=False, flash_attn=fa == "on", n_seq_max=4, kv_unified=False)) as llm:
         loaded = sum(int(m.context) for m in _core.memory(llm.native_context) if m.device == "CPU")
     assert sum(ctx.kv_bytes.values()) == loaded
+
+
+@pytest.mark.parametrize("fa", ["off", "on"])
+def test_a_prompt_ubatch_of_as_many_tokens_as_sequences_is_not_the_decode_pass(fa: str, tiny: Path) -> None:
+    """Prompt 68 in ubatches of 64 with 4 sequences: the prompt's last ubatch (4 tokens of one
+    sequence, one row of logits) and the decode pass (one token of each of 4 sequences, a row each)
+    are both 4-token graphs; each has its own, and TTFT is costed on the prompt's."""
+    ctx = _context(tiny, None, 4, fa, prompt=68)
+    last, dec = Ubatch(4), Ubatch(4, 4)
+    assert ctx.workload.pass_weights() == {Ubatch(64): 4.0, last: 4.0, dec: 7.0}
+    att = "FLASH_ATTN_EXT" if fa == "on" else "SOFT_MAX"
+
+    def shapes(u: Ubatch) -> tuple[tuple[int, ...], int]:
+        """(the attention node's shape, the output matmul's columns) of the pass."""
+        nodes = ctx.passes[u].graph.nodes
+        out = next(nd.ne[1] for nd in nodes if nd.op == "MUL_MAT" and nd.weight in ("output.weight",
+                                                                                     "token_embd.weight"))
+        return next(tuple(nd.ne) for nd in nodes if nd.op == att), out
+
+    (a_last, out_last), (a_dec, out_dec) = shapes(last), shapes(dec)
+    rows = 2 if fa == "on" else 1  # flash attention's [Dv, n_head, rows, streams]; soft_max's [n_kv, rows, n_head, streams]
+    assert (a_last[rows], a_last[3], out_last) == (4, 1, 1) and (a_dec[rows], a_dec[3], out_dec) == (1, 4, 4)
+    p = Placement()
+    pred = ctx.predict(p)
+    assert pred["ttft_ms"] * 1e3 == pytest.approx(sum(ctx.passes[u].cost(p).total_us for u in (Ubatch(64), last)))
+    assert pred["tpot_ms"] * 1e3 == pytest.approx(ctx.passes[dec].cost(p).total_us)
+    assert set(pred["passes"]) == {"64", "4", "4x1", "1"} and Ubatch.parse("4x1") == dec
 
 
 @pytest.mark.parametrize("fa", ["off", "on"])
@@ -94,10 +123,11 @@ def test_sequences_in_one_unified_stream_attend_over_every_sequence_s_cells(fa: 
     as a real decode's nodes show; the KV cache's bytes are a real unified load's."""
     ctx = _context(tiny, None, 4, fa, unified=True, prompt=100)
     att = "FLASH_ATTN_EXT" if fa == "on" else "SOFT_MAX"
-    dec = next(tuple(nd.ne) for nd in ctx.passes[4].graph.nodes if nd.op == att)
+    dec = next(tuple(nd.ne) for nd in ctx.passes[Ubatch(4, 4)].graph.nodes if nd.op == att)
     # flash attention's result [Dv, n_head, rows, streams]; soft_max's scores [n_kv, rows, n_head, streams]
     assert (dec[2 if fa == "on" else 1], dec[3]) == (4, 1)
-    assert ctx.workload.pass_kv()[4] == 512 and _context(tiny, None, 4, fa, prompt=100).workload.pass_kv()[4] == 256
+    assert ctx.workload.pass_kv()[Ubatch(4, 4)] == 512
+    assert _context(tiny, None, 4, fa, prompt=100).workload.pass_kv()[Ubatch(4, 4)] == 256
     with contextlib.closing(Llama(str(tiny), n_ctx=ctx.workload.n_ctx, n_ubatch=128, n_batch=128, n_threads=1,
                                   verbose=False, flash_attn=fa == "on", n_seq_max=4, kv_unified=True)) as llm:
         loaded = sum(int(m.context) for m in _core.memory(llm.native_context) if m.device == "CPU")

@@ -42,6 +42,7 @@ from oallama.planner.plan import (
 from oallama.planner.solvers import chaindp, optimal
 from oallama.planner.strategies import guided_search
 from oallama.planner.verify import measure_memory
+from oallama.planner.workload import Ubatch
 from oallama.runtime import devices, rpc
 
 GiB, MiB = 2**30, 2**20
@@ -73,8 +74,13 @@ def test_workload_checks_its_fields() -> None:
     with pytest.raises(PlanError, match="objective 'fast'"):
         Workload(objective="fast")
     assert Workload(prompt=700, n_ubatch=512).ubatches() == [512, 188]
-    assert Workload(prompt=64, gen=10).pass_weights() == {64: 1.0, 1: 9.0}
-    assert Workload(prompt=64, gen=10, objective="tpot").pass_weights() == {1: 1.0}
+    assert Workload(prompt=64, gen=10).pass_weights() == {Ubatch(64): 1.0, Ubatch(1): 9.0}
+    assert Workload(prompt=64, gen=10, objective="tpot").pass_weights() == {Ubatch(1): 1.0}
+    # 4 sequences, prompt 68 in ubatches of 64: its last 4 tokens and the decode pass are other passes
+    assert Workload(prompt=68, gen=10, n_ubatch=64, parallel=4).pass_weights() == {
+        Ubatch(64): 4.0, Ubatch(4): 4.0, Ubatch(4, 4): 9.0}
+    assert [str(u) for u in (Ubatch(512), Ubatch(4, 4), Ubatch(8, 4))] == ["512", "4x1", "4x2"]
+    assert [Ubatch.parse(t) for t in ("512", "4x1", "4x2")] == [Ubatch(512), Ubatch(4, 4), Ubatch(8, 4)]
 
 
 # --- the scheduler model is ggml's scheduler ------------------------------------------------------

@@ -12,6 +12,7 @@ from oallama.planner.cost import hostspeed
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.cost.profile import SCHEMA, Link, Profile, Settings
 from oallama.planner.graph import TargetOp, inventory
+from oallama.planner.workload import Ubatch
 from oallama.runtime import rpc
 
 
@@ -120,7 +121,7 @@ def test_accelerator_matmuls_are_timed_at_the_workloads_pass_sizes(synth_model, 
 
     model, acc = synth_model("tiny", "q8_0"), rpc_server.device_name
     ctx = build_context(model, acc, Workload(prompt=40, gen=4, n_ubatch=64), threads=1, progress=False)
-    ops = target_ops(ctx.passes[40].graph)
+    ops = target_ops(ctx.passes[Ubatch(40)].graph)
     assert ops and all(o.n_tokens in (1, 40) for o in ops)  # the last layer's tail runs the one token read
     wide = [o for o in ops if o.n_tokens == 40]
     key = Profile.op_key
@@ -129,14 +130,14 @@ def test_accelerator_matmuls_are_timed_at_the_workloads_pass_sizes(synth_model, 
         assert not any(key(o.op, o.weight_type, o.weight_shape, 40) in prof.ops["CPU"] for o in wide)
         assert all(prof.op_time_us(acc, o) == prof.ops[acc][key(o.op, o.weight_type, o.weight_shape, 40)]["median_us"]
                    for o in wide)
-    assert not opsizes.missing(ctx.profile, [ctx.passes[40].graph], acc)
+    assert not opsizes.missing(ctx.profile, [ctx.passes[Ubatch(40)].graph], acc)
 
     def refuse(*a: object, **k: object) -> None:
         raise AssertionError(f"timed again: {a}")
 
     monkeypatch.setattr(opsizes, "time_op", refuse)
     again = build_context(model, acc, Workload(prompt=40, gen=4, n_ubatch=64), threads=1, progress=False)
-    assert again.passes[40].t_acc.keys() == ctx.passes[40].t_acc.keys()
+    assert again.passes[Ubatch(40)].t_acc.keys() == ctx.passes[Ubatch(40)].t_acc.keys()
 
 
 def test_op_time_interpolates_between_measured_column_counts() -> None:

@@ -19,6 +19,7 @@ from oallama.errors import PlacementError, PlanError
 from oallama.planner import layouts as layoutmod
 from oallama.planner.cost.profile import DUAL, PLAIN, REPACK
 from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget, unnamed_defaults
+from oallama.planner.workload import Ubatch
 
 PROMPT = b"The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."
 pytestmark = pytest.mark.skipif("CPU_REPACK_DUAL" not in _core.cpu_layouts(), reason="no repacked CPU layouts")
@@ -143,7 +144,7 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
                         profile=cpu_context.profile, threads=2, progress=False)
     h_us = cal.devices[HOST].node_overhead_us
     for n in (1, sizes[-1]):
-        pm = ctx.passes[n]
+        pm = ctx.passes[Ubatch(n)]
         v = m["sizes"][str(n)]
         # every weight matmul shape the default load repacks, timed in both loads
         assert {pm.shape_key[i] for i in pm.repacked_by_default()} <= set(v["shapes"]), n
@@ -160,7 +161,7 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
         assert own or n == 1, f"no shape of the {n}-token pass timed clear of the noise: {v['shapes']}"
         for k in own[1:]:
             assert model[k] / model[own[0]] == pytest.approx(measured[k] / measured[own[0]], rel=1e-6), (n, k)
-    assert plain_times(ctx.passes[1], None) is None
+    assert plain_times(ctx.passes[Ubatch(1)], None) is None
 
 
 def _skewed(ctx, plain_faster_from: int):

@@ -76,8 +76,9 @@ def _by_op(rows: list[tuple[str, str, float]]) -> dict[str, float]:
 
 def _predicted_nodes(ctx: Any, p: Any, acc: str) -> dict[str, Any]:
     from oallama.planner.cost.calfit import kind
+    from oallama.planner.workload import Ubatch
 
-    pm = ctx.passes[PROMPT]
+    pm = ctx.passes[Ubatch(PROMPT)]
     dev = pm.assign(p)
     rows = [(acc if dev[i] else "CPU", kind(pm.graph.nodes[i].op, pm.graph.nodes[i].ne),
              (pm.t_acc[i] if dev[i] else pm.host_us(i, p))) for i in pm.t_host]

@@ -16,6 +16,7 @@ import os
 from oallama.planner.cost.measure import profile_model
 from oallama.planner.cost.schedmodel import HOST, Placement
 from oallama.planner.plan import Workload, build_context
+from oallama.planner.workload import Ubatch
 from oallama.runtime import rpc
 
 
@@ -23,7 +24,7 @@ def check(path: str, dev: str) -> None:
     prof = profile_model(path, [HOST, dev], threads=1, n_ctx=256, cache=False, progress=False, repeats=3,
                          server_threads=1)
     ctx = build_context(path, dev, Workload(prompt=32, gen=8, n_ubatch=32), profile=prof, threads=1, progress=False)
-    pm = ctx.passes[1]
+    pm = ctx.passes[Ubatch(1)]
     sc = prof.calibration.scatter[dev]
     pm.set_split_cost(0.0)
     c = pm.cost(Placement(frozenset(sc["on_acc"]) & pm.weights, sc["kv_layers"]))

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
+from ..planner.workload import Ubatch
+
 ERROR_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 REPEAT_METRICS = ("ttft_ms", "tpot_ms")
 STRATEGY_ORDER = ("layers", "fit", "flexgen", "affinity", "optimal")
@@ -425,18 +427,18 @@ def _numeric(v: Any) -> bool:
 def predicted_passes(predicted: Mapping[str, Mapping[str, Any]],
                      configs: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """(columns, rows) of predicted_passes.csv: one row per (configuration, pass) of the
-    predictions (config_id -> the plan's predicted dict with "passes": {n_tokens: {...}}), with
+    predictions (config_id -> the plan's predicted dict with "passes": {ubatch: {...}}, `Ubatch`), with
     the configuration's identity from `configs` (config_id -> its raw "config") and one column
     per numeric key of the pass dicts (any the planner adds), in the order first seen."""
-    ident = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "n_tokens"]
+    ident = ["config_id", "model", "strategy", "op_offload", "budget", "prompt", "gen", "n_tokens", "n_seqs"]
     keys: dict[str, None] = {}
     rows = []
     for cid, pred in predicted.items():
         c = configs.get(cid, {})
-        for n, ps in sorted((pred.get("passes") or {}).items(), key=lambda kv: int(kv[0])):
+        for u, ps in sorted(((Ubatch.parse(k), v) for k, v in (pred.get("passes") or {}).items())):
             vals = {k: v for k, v in ps.items() if _numeric(v)}
             keys.update(dict.fromkeys(vals))
             rows.append({"config_id": cid, "model": c.get("model_name"), "strategy": c.get("strategy"),
                          "op_offload": c.get("op_offload"), "budget": c.get("budget"), "prompt": c.get("prompt"),
-                         "gen": c.get("gen"), "n_tokens": int(n), **vals})
+                         "gen": c.get("gen"), "n_tokens": u.n_tokens, "n_seqs": u.n_seqs, **vals})
     return ident + list(keys), rows

@@ -1,5 +1,5 @@
-"""What a plan is made for (seed 002): a memory budget, a stated workload, and the planning
-context of one model on (CPU, accelerator) -- the pass models of every ubatch size the workload
+"""What a plan is made for (seed 002): a memory budget, a stated workload (`workload`), and the
+planning context of one model on (CPU, accelerator) -- the pass models of every ubatch the workload
 runs, the weights' and KV cache's sizes, and the profile they are costed with.
 
 Budget: bytes ("12GiB", "512MiB", "8000000000") or a share of the model's weights ("50%"). The
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, ModelFileError, PlanError
 from ..model import gguf_file
-from ..options import option
 from ..runtime import devices as devmod
 from ..runtime import kvcache
 from ..runtime.place import layer_weights
@@ -29,8 +28,8 @@ from .cost.measure import profile_model
 from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings, grid_columns
 from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 from .graph import Graph, GraphSession, attention_layers, target_ops
+from .workload import ONE, Ubatch, Workload
 
-OBJECTIVES = ("ttft", "tpot", "e2e")
 SHAPE_NODE_MIN = 10.0  # a weight matmul shape's nodes took at least this many times what timing a node alone
 # adds (2.3 us on the project's VM) to get a plain-memory ratio of their own (`shape_ratios`)
 _BINARY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -64,162 +63,6 @@ def parse_budget(value: str | int, model_weight_bytes: int) -> int:
                       "the model's weights ('50%')")
 
 
-def _pad256(n: float) -> int:
-    return -(-round(n) // 256) * 256
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the plan is optimised for: `parallel` sequences (llama-server's slots), each a prompt
-    of `prompt` tokens and then `gen` generated tokens, decoded together (its fields are also the
-    workload flags of `oallama plan`).
-
-    The prompts run one sequence at a time, in ubatches of n_ubatch tokens; then each decode pass
-    carries one token of every sequence (`decode` tokens). With several sequences each has a KV
-    stream of its own, n_ctx / parallel cells, as llama-server keeps them when given -np; or, with
-    `kv_unified` (llama-server's default when it picks its slots itself), all share one stream of
-    n_ctx cells, which every pass's attention spans (the other sequences' cells masked). TTFT is one
-    sequence's prompt, TPOT one decode pass, and e2e the whole workload: every prompt, then gen - 1
-    decode passes."""
-
-    prompt: int = option(512, help="prompt tokens of the workload (of each sequence)")
-    gen: int = option(128, help="generated tokens of the workload (of each sequence)")
-    objective: str = option("e2e", choices=OBJECTIVES, help="predicted time to minimise")
-    n_ubatch: int = option(512, flag="--ubatch", help="llama.cpp's n_ubatch (tokens per graph)")
-    context: int | None = option(None, flag="--ctx", help="context size the model is loaded with (llama.cpp's n_ctx, "
-                                 "tokens, all sequences together)",
-                                 default_help="parallel x (prompt + gen rounded up to 256)")
-    flash_attn: str = option("off", choices=kvcache.FLASH_ATTN, help="flash attention, as llama.cpp's -fa (auto: on "
-                             "where llama.cpp would turn it on for every layer on each device; the plan pins the result)")
-    cache_type_k: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's K type (llama.cpp's -ctk)")
-    cache_type_v: str = option("f16", choices=kvcache.CACHE_TYPES, help="the KV cache's V type (llama.cpp's -ctv; "
-                               "a quantized one needs flash attention)")
-    parallel: int = option(1, short="-np", help="sequences decoded together (llama.cpp's -np, llama-server's slots): "
-                           "each has its own prompt, generation and KV stream of n_ctx / parallel cells",
-                           minimum=1)
-    kv_unified: bool = option(False, help="the sequences share one KV stream of n_ctx cells (llama.cpp's "
-                              "--kv-unified, llama-server's default when it picks its slots itself)")
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise PlanError(f"objective '{self.objective}': choose one of {', '.join(OBJECTIVES)}")
-        if self.prompt < 1 or self.gen < 1 or self.n_ubatch < 1:
-            raise PlanError(f"workload needs prompt, gen and n_ubatch >= 1 (got {self.prompt}, {self.gen}, "
-                            f"{self.n_ubatch})")
-        if not 1 <= self.parallel <= kvcache.MAX_SEQ:
-            raise PlanError(f"--parallel {self.parallel}: llama.cpp holds 1 to {kvcache.MAX_SEQ} sequences")
-        if self.n_ubatch < self.parallel:  # llama.cpp reserves a pass of one token of every sequence
-            raise PlanError(f"--ubatch {self.n_ubatch}: a decode pass of {self.parallel} sequences needs at least "
-                            f"{self.parallel} tokens")
-        kvcache.check(self.flash_attn, self.cache_type_k, self.cache_type_v)
-        if self.context is not None and self.unified and self.n_ctx < self.parallel * (self.prompt + self.gen):
-            raise PlanError(f"--ctx {self.context}: the workload's {self.parallel} sequences need "
-                            f"{self.parallel * (self.prompt + self.gen)} cells of the unified KV cache ({self.n_ctx})")
-        if self.context is not None and self.n_ctx_seq < self.prompt + self.gen:
-            each = f" in each of {self.parallel} sequences ({self.n_ctx_seq} cells each)" if self.parallel > 1 else ""
-            raise PlanError(f"--ctx {self.context}: the workload's prompt and generation need {self.prompt + self.gen} "
-                            f"tokens of context{each}")
-
-    def ubatches(self) -> list[int]:
-        """Token counts of one prompt's ubatches (llama.cpp splits a prompt by n_ubatch)."""
-        full, rest = divmod(self.prompt, self.n_ubatch)
-        return [self.n_ubatch] * full + ([rest] if rest else [])
-
-    @property
-    def decode(self) -> int:
-        """Tokens of a decode pass: one of each sequence."""
-        return self.parallel
-
-    @property
-    def unified(self) -> bool:
-        """Several sequences in one KV stream (`kv_unified`; with one sequence there is one anyway)."""
-        return self.kv_unified and self.parallel > 1
-
-    @property
-    def n_ctx(self) -> int:
-        """The context size (tokens, every sequence's cells) as llama.cpp sizes it: `context` (or
-        parallel x (prompt + gen), each rounded up to 256) padded to 256, then (one stream per
-        sequence) each sequence's stream padded to 256 and n_ctx their sum."""
-        given = _pad256(self.context or self.parallel * max(256, _pad256(self.prompt + self.gen)))
-        return given if self.unified else _pad256(given // self.parallel) * self.parallel
-
-    @property
-    def n_ctx_seq(self) -> int:
-        """The cells a sequence's attention spans: its own stream's, or the unified stream's."""
-        return self.n_ctx if self.unified else self.n_ctx // self.parallel
-
-    def passes(self) -> list[tuple[int, int]]:
-        """The passes of one sequence as (n_tokens, cells of its stream before it): its prompt's
-        ubatches, then a decode pass (`decode` tokens, one of each sequence at the same length)
-        per generated token but the first (which the prompt's last pass gives)."""
-        out, pos = [], 0
-        for n in self.ubatches():
-            out.append((n, pos))
-            pos += n
-        return out + [(self.decode, p) for p in range(self.prompt, self.prompt + max(self.gen - 1, 1))]
-
-    def _per_seq(self, n: int) -> int:
-        """Tokens of one sequence in a pass of n tokens (a decode pass: 1)."""
-        return 1 if n == self.decode and self.parallel > 1 else n
-
-    def _mean_by_size(self, value: Callable[[int, int], float]) -> dict[int, float]:
-        """n_tokens -> the mean of value(tokens of one sequence, cells before) over the passes of
-        that size."""
-        seen: dict[int, list[float]] = {}
-        for n, pos in self.passes():
-            seen.setdefault(n, []).append(value(self._per_seq(n), pos))
-        return {n: sum(v) / len(v) for n, v in seen.items()}
-
-    def pass_kv(self) -> dict[int, int]:
-        """n_tokens -> the KV length its passes attend over (tokens of one stream). llama.cpp pads
-        the KV view to 256 cells: n_kv = min(n_ctx_seq, max(256, pad256(cells used))). Passes of
-        one size at several lengths get their mean, padded (attention is linear in it). In a unified
-        stream the cells used are every sequence's: a decode pass after pos tokens of each spans
-        parallel x (pos + 1), a prompt those of the prompts before it too (on average half the
-        other sequences')."""
-        def pad(used: float) -> int:
-            return min(self.n_ctx_seq, max(256, _pad256(used)))
-
-        seen: dict[int, list[int]] = {}
-        for n, pos in self.passes():
-            if not self.unified:
-                used = pos + self._per_seq(n)
-            elif n == self.decode:  # one token of every sequence
-                used = self.parallel * (pos + 1)
-            else:
-                used = pos + n + (self.parallel - 1) * self.prompt // 2
-            seen.setdefault(n, []).append(pad(used))
-        return {n: pad(sum(v) / len(v)) for n, v in seen.items()}
-
-    def pass_attended(self) -> dict[int, float]:
-        """n_tokens -> the KV cells a token of that pass attends to (mean over its tokens and its
-        passes; flash attention's work, calfit.work): n tokens of a sequence after pos cells,
-        pos + (n + 1) / 2."""
-        return self._mean_by_size(lambda n, pos: pos + (n + 1) / 2)
-
-    def pass_seqs(self, n_tokens: int) -> int:
-        """Sequences a pass of n_tokens carries (llama.cpp's n_seqs of its ubatch)."""
-        return n_tokens // self._per_seq(n_tokens)
-
-    def pass_weights(self, objective: str | None = None) -> dict[int, float]:
-        """n_tokens -> how often that pass counts in the objective."""
-        obj = objective or self.objective
-        prefill: dict[int, float] = {}
-        for n in self.ubatches():
-            prefill[n] = prefill.get(n, 0.0) + (1.0 if obj == "ttft" else float(self.parallel))
-        if obj == "ttft":
-            return prefill
-        if obj == "tpot":
-            return {self.decode: 1.0}
-        out = dict(prefill)
-        out[self.decode] = out.get(self.decode, 0.0) + float(self.gen - 1)
-        return out
-
-    def sequences(self) -> dict[str, Any]:
-        """llama.cpp's context parameters for the sequences (n_seq_max, kv_unified)."""
-        return {"n_seq_max": self.parallel, "kv_unified": self.unified}
-
-
 @dataclass
 class PlanContext:
     """One model on (CPU, accelerator) for one workload: pass models, sizes, profile."""
@@ -228,7 +71,7 @@ class PlanContext:
     acc: str | None  # None: CPU only (the only choices are host weight layouts)
     workload: Workload
     profile: Profile
-    passes: dict[int, PassModel]  # n_tokens -> model of that pass
+    passes: dict[Ubatch, PassModel]  # the model of each pass the workload runs
     weight_bytes: dict[str, int]
     kv_bytes: dict[int, int]  # per layer
     n_layer: int
@@ -242,17 +85,17 @@ class PlanContext:
     kept_on_host: frozenset[str] = frozenset()
 
     def predict(self, p: Placement) -> dict[str, Any]:
-        costs = {n: pm.cost(p) for n, pm in self.passes.items()}
+        costs = {u: pm.cost(p) for u, pm in self.passes.items()}
         w = self.workload
-        ttft = sum(costs[n].total_us for n in w.ubatches())  # one sequence's prompt
-        tpot = costs[w.decode].total_us
+        ttft = sum(costs[u].total_us for u in w.prompt_passes())  # one sequence's prompt
+        tpot = costs[w.decode_pass].total_us
         out = {"ttft_ms": ttft / 1e3, "tpot_ms": tpot / 1e3, "e2e_ms": (w.parallel * ttft + (w.gen - 1) * tpot) / 1e3,
-               "passes": {str(n): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
+               "passes": {str(u): {"compute_ms": c.compute_us / 1e3, "other_ms": c.other_us / 1e3,
                                    "copy_ms": c.copy_us / 1e3, "stream_ms": c.stream_us / 1e3,
                                    "launch_ms": c.launch_us / 1e3, "overhead_ms": c.overhead_us / 1e3,
                                    "acc_ms": c.acc_us / 1e3, "total_ms": c.total_us / 1e3, "splits": c.n_splits,
                                    "copies": c.n_copies, "copy_bytes": c.copy_bytes,
-                                   "stream_bytes": c.stream_bytes} for n, c in costs.items()}}
+                                   "stream_bytes": c.stream_bytes} for u, c in costs.items()}}
         if self.stream is not None:  # GB/s = bytes/us / 1e3
             out["stream_gb_s"] = self.stream.bytes_per_us / 1e3
         if self.split_us is not None:
@@ -307,48 +150,52 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         raise PlanError(f"device {acc} is host memory; name an accelerator (a GPU or an rpc-server device)")
     acc_name = dev.name if dev is not None else None
     n_layer = int(model.hparam("block_count", 0))
-    # 1: the one-token pass that the calibration's link terms are read on (`split_cost`, `stream_link`)
-    sizes = sorted(set(workload.ubatches()) | {1, workload.decode})
+    # ONE: the one-token pass that the calibration's link terms are read on (`split_cost`, `stream_link`)
+    sizes = sorted({*workload.prompt_passes(), ONE, workload.decode_pass})
     attention = {"flash_attn": resolve_flash_attn(path, acc_name, workload, n_layer),
                  "type_k": workload.cache_type_k, "type_v": workload.cache_type_v}
     if progress and workload.flash_attn == "auto":
         log(f"flash attention auto: {'on' if attention['flash_attn'] else 'off'} (as llama.cpp resolves it "
             f"with every layer on {' and on '.join(['the host', *([acc_name] if acc_name else [])])})")
-    kw = {"devices": [acc_name] if acc_name else [], "n_ctx": workload.n_ctx, "n_ubatch": max(sizes),
+    kw = {"devices": [acc_name] if acc_name else [], "n_ctx": workload.n_ctx, "n_ubatch": max(u.n_tokens for u in sizes),
           "op_offload": op_offload, **attention, **workload.sequences()}
     if progress:
-        log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)")
+        log(f"building llama.cpp's graphs for {', '.join(map(str, sizes))} token(s)"
+            + (f" ({workload.decode_pass}: {workload.parallel} sequences of one token)" if workload.parallel > 1
+               else ""))
     # each pass's graph at the KV length it runs at (attention's cost grows with it; with several
     # sequences, the length of each one's stream)
     kv_len, attended = workload.pass_kv(), workload.pass_attended()
-    kv_len.setdefault(1, kv_len[workload.decode])
-    attended.setdefault(1, attended[workload.decode])
-    base: dict[tuple[int, int], Graph] = {}  # (n_tokens, n_kv) -> graph, all weights on the host
-    offl: dict[tuple[int, int], Graph] = {}  # the same, every layer offloaded
+    kv_len.setdefault(ONE, kv_len[workload.decode_pass])
+    attended.setdefault(ONE, attended[workload.decode_pass])
+    base: dict[tuple[Ubatch, int], Graph] = {}  # (ubatch, n_kv) -> graph, all weights on the host
+    offl: dict[tuple[Ubatch, int], Graph] = {}  # the same, every layer offloaded
     kept: set[str] = set()  # weights every layer offloaded would put on the accelerator, which its loader keeps
     unified = workload.unified  # one KV stream of n_kv cells, whatever the sequences
 
-    def build(n_kv: int, want: list[int], seqs: int) -> None:
-        """Graphs of `want` token counts over KV streams of n_kv cells, in a context of `seqs`
-        sequences (a one-sequence pass in its own: llama.cpp reserves a graph over every stream)."""
+    def build(n_kv: int, want: list[Ubatch], seqs: int) -> None:
+        """Graphs of `want` (ubatches of `seqs` sequences each) over KV streams of n_kv cells, in a
+        context of `seqs` sequences (a one-sequence pass in its own: llama.cpp reserves a graph over
+        every stream)."""
         nonlocal kept
         for n_gpu_layers, out in ((0, base), (n_layer + 1, offl)) if acc_name else ((0, base),):
             with GraphSession(path, n_gpu_layers=n_gpu_layers, **{**kw, "n_ctx": n_kv * (1 if unified else seqs),
                                                                   "n_seq_max": seqs,
-                                                                  "n_ubatch": max(*want, seqs)}) as s:
-                out.update({(n, n_kv): s.graph(n, seqs, seqs) for n in want})
+                                                                  "n_ubatch": max(*(u.n_tokens for u in want),
+                                                                                  seqs)}) as s:
+                out.update({(u, n_kv): s.graph(u.n_tokens, seqs, seqs) for u in want})
                 if n_gpu_layers:
                     kept |= loader_kept(s, acc_name, n_layer)
 
     # memory is counted on the decode pass's graph over every sequence's whole stream (its cache
     # leafs are per layer, every stream's cells)
     for n_kv in sorted(set(kv_len.values()) | {workload.n_ctx_seq}):
-        want = [n for n in sizes if kv_len[n] == n_kv or (n == workload.decode and n_kv == workload.n_ctx_seq)]
-        for seqs in sorted({workload.pass_seqs(n) for n in want}):
-            build(n_kv, [n for n in want if workload.pass_seqs(n) == seqs], seqs)
-    g_mem = base[(workload.decode, workload.n_ctx_seq)]
-    graphs = {n: base[(n, kv_len[n])] for n in sizes}
-    full = {n: offl[(n, kv_len[n])] for n in sizes} if acc_name else {n: None for n in sizes}
+        want = [u for u in sizes if kv_len[u] == n_kv or (u == workload.decode_pass and n_kv == workload.n_ctx_seq)]
+        for seqs in sorted({u.n_seqs for u in want}):
+            build(n_kv, [u for u in want if u.n_seqs == seqs], seqs)
+    g_mem = base[(workload.decode_pass, workload.n_ctx_seq)]
+    graphs = {u: base[(u, kv_len[u])] for u in sizes}
+    full = {u: offl[(u, kv_len[u])] for u in sizes} if acc_name else {u: None for u in sizes}
     if profile is None:
         if progress:
             log("profiling (cached after the first time)")
@@ -363,39 +210,39 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
         if timed and progress:
             log(f"timed {timed} op shape(s) on {acc_name} at pass sizes the profile lacked (kept in it)")
     layers = attention_layers(path) if attention["flash_attn"] else None  # its window layers' flash attention
-    passes = {n: PassModel(graphs[n], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[n],
-                           attended=attended[n], attention=layers) for n in sizes}
+    passes = {u: PassModel(graphs[u], profile, acc_name, n_layer=n_layer, op_offload=op_offload, full_graph=full[u],
+                           attended=attended[u], attention=layers) for u in sizes}
     for pm in passes.values():  # llama.cpp's -ngl leaves them on the host; an override would force them (slow)
         pm.acc_ok.update({w: False for w in kept if w in pm.acc_ok})
     settings = {**profile.settings.as_dict(), "n_ctx": workload.n_ctx, "n_ubatch": workload.n_ubatch, **attention,
-                **workload.sequences(), "pass_kv": {str(n): kv_len[n] for n in sizes}}
+                **workload.sequences(), "pass_kv": {str(u): kv_len[u] for u in sizes}}
     cal = profile.calibration if acc_name else None
     # first the splits' cost (the streamed pass's many splits pay it too), then the streamed link
     carried = cal.links.get(acc_name, {}) if cal is not None else {}  # a device model's, already derived
-    split_us = carried.get("split_us") or split_cost(passes[1], cal.scatter.get(acc_name) if cal is not None else None)
+    split_us = carried.get("split_us") or split_cost(passes[ONE], cal.scatter.get(acc_name) if cal is not None else None)
     if split_us is not None:
         for pm in passes.values():
             pm.set_split_cost(split_us)
         if progress:
             log(f"splits in a real pass (calibrated): {split_us:.0f} us each beyond the profiled hand-over "
-                f"({passes[1].issue[0]:.0f} / {passes[1].issue[1]:.0f} us)")
+                f"({passes[ONE].issue[0]:.0f} / {passes[ONE].issue[1]:.0f} us)")
     stream = (Link(carried["stream_latency_us"], carried["stream_bytes_per_us"]) if "stream_bytes_per_us" in carried
-              else stream_link(passes[1], cal.stream.get(acc_name) if cal is not None else None))
+              else stream_link(passes[ONE], cal.stream.get(acc_name) if cal is not None else None))
     if stream is not None:
         for pm in passes.values():
             pm.set_stream(stream)
         if progress:
-            h2d = passes[1].h2d
+            h2d = passes[ONE].h2d
             log(f"streamed weights in a real load (calibrated): {stream.latency_us:.0f} us + "
                 f"{stream.bytes_per_us / 1e3:.2f} GB/s per weight (a one-op copy: {h2d.latency_us:.0f} us + "
                 f"{h2d.bytes_per_us / 1e3:.2f} GB/s)")
-    for n, pm in passes.items():
+    for u, pm in passes.items():
         times = plain_times(pm, profile.calibration)
         if times is None:
             continue
         pm.set_plain_times(times)
         if progress:
-            log(f"host weights in plain memory at {n} token(s) (calibrated): " + ", ".join(
+            log(f"host weights in plain memory at {u} token(s) (calibrated): " + ", ".join(
                 f"{k.split(':', 1)[1]} {r:.2f}x" for k, r in sorted(plain_ratios(pm).items())) + " their repacked time")
     # every tensor of the file, not only those a graph reads: a weight no pass uses (MiniCPM3's
     # rope_factors_long at a context below its original length) still goes where its layer goes

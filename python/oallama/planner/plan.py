@@ -38,7 +38,7 @@ from . import confirm as confirmmod
 from . import layouts as layoutmod
 from . import strategies
 from .confirm import Confirmation
-from .context import CALIBRATIONS, OBJECTIVES, PlanContext, Workload, build_context, log, parse_budget
+from .context import CALIBRATIONS, PlanContext, build_context, log, parse_budget
 from .cost.profile import DUAL, PLAIN, REPACK, Profile, build_info
 from .cost.schedmodel import HOST, NEVER, Placement
 from .strategies import (
@@ -51,6 +51,7 @@ from .strategies import (
     place_layers,
 )
 from .verify import measure_memory
+from .workload import OBJECTIVES, Workload
 
 SCHEMA = planfile.PLAN_SCHEMA
 LAYOUT_STRATEGIES = ("affinity", "optimal")  # strategies that also choose host weight layouts
@@ -544,7 +545,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 rows.insert(1, ("all plain", chosen.memory["total"], ctx.predict(plain), 0.0, "--no-repack"))
         for name, mem, pred, secs, lay in rows:
             print(f"{name:<10} {mem / 2**20:>10.1f} {pred['ttft_ms']:>10.2f} {pred['tpot_ms']:>10.2f} "
-                  f"{pred['e2e_ms']:>10.2f} {pred['passes'][str(wl.decode)]['splits']:>7} {secs:>7.2f}  {lay}")
+                  f"{pred['e2e_ms']:>10.2f} {pred['passes'][str(wl.decode_pass)]['splits']:>7} {secs:>7.2f}  {lay}")
         lay_choice = chosen.extra.get("layout_choice", {})
         if lay_choice.get("dual_extra_bytes"):
             print(f"dual layouts: {lay_choice['dual_extra_bytes'] / 2**20:.1f} MiB more host memory "
