@@ -103,10 +103,11 @@ class ParallelGeneration:
 
 
 def timed_parallel(llm: Any, prompt: Sequence[int], n_seqs: int, n_gen: int) -> ParallelGeneration:
-    """Greedy generation of n_gen tokens in each of n_seqs sequences of one prompt, decoded
-    together as llama-server's slots are: each sequence's prompt in ubatches of n_batch tokens
-    (one after another), then n_gen - 1 passes of one token of every sequence. The context
-    must hold n_seqs sequences (oallama.Llama's n_seq_max)."""
+    """Greedy generation of n_gen tokens in each of n_seqs sequences of one prompt, decoded in
+    lockstep: each sequence's prompt in ubatches of n_batch tokens (one after another), then
+    n_gen - 1 passes of one token of every sequence -- the passes a plan for n_seqs sequences
+    costs. (llama-server's slots run otherwise: their decode tokens ride beside later prompts,
+    `slots.replay`.) The context must hold n_seqs sequences (oallama.Llama's n_seq_max)."""
     import llama_cpp
     import numpy as np
 
