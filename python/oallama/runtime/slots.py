@@ -12,8 +12,9 @@ consecutive sequence ids, as many as n_ubatch holds (`split_equal`, sequential).
 So N requests do not run as N prompts and then decode passes of N tokens (what
 `generate.timed_parallel` runs): the first prompt runs alone, then every batch carries the earlier
 slots' next tokens beside the next prompt's, and the slots finish one loop apart
-(bench/results/2026-11-27-vm-server-slots: with 4 slots, 6-7% more wall than that lockstep and a
-1.26-1.31x mean time to first token; this module's replay within 2% of the stock server's)::
+(bench/results/2026-11-27-vm-server-slots: with 4 slots, the lockstep's wall within the machine's
+spread but a 1.24-1.29x mean time to first token; this module's replay within 2.2% of the stock
+server's on both)::
 
     >>> batches = server_batches(n_seqs=2, prompt=3, gen=2, n_batch=4)
     >>> [[(p.seq, p.n_tokens) for p in b] for b in batches]
