@@ -2,10 +2,11 @@
 of decode after it (TPOT) against a real load's, and its KV cache bytes against the load's. Each
 model is planned and loaded with flash attention off and on (and a q8_0 KV cache with it on), the
 settings alternated round by round; every figure is the median of the rounds. CPU only, or with
---rpc-local a loopback rpc-server holding llama.cpp's -ngl placement for --gpu-budget (`layers`).
+--rpc-local a loopback rpc-server, or with --device a ggml device (Vulkan0: run with
+GGML_VK_VISIBLE_DEVICES=0), holding llama.cpp's -ngl placement for --gpu-budget (`layers`).
 
-    python bench/scripts/bench_attention.py MODEL.gguf [...] --prompt 2000,4000 [--rpc-local --gpu-budget 50%]
-        --out bench/results/SET
+    python bench/scripts/bench_attention.py MODEL.gguf [...] --prompt 2000,4000 [--rpc-local | --device Vulkan0]
+        [--gpu-budget 50%] --out bench/results/SET
 
 Writes SET/attention.json (every round, the predictions' per-pass breakdown, the profiles' keys) and
 SET/attention.md (the table), the plans and profiles beside them. Nothing else may run on the
@@ -83,6 +84,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rpc-local", action="store_true", help="a loopback rpc-server (1 thread) as the accelerator")
+    ap.add_argument("--device", help="a ggml device as the accelerator (e.g. Vulkan0)")
     ap.add_argument("--gpu-budget", default="50%", help="its budget (llama.cpp's -ngl placement for it)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -90,8 +92,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from oallama.runtime import rpc
 
+    if args.rpc_local and args.device:
+        ap.error("--rpc-local and --device name two accelerators: give one")
     server = rpc.start_server(threads=1) if args.rpc_local else None
-    acc = server.device_name if server is not None else None
+    acc = server.device_name if server is not None else args.device
     try:
         rows = _run(args, prompts, acc)
     finally:
@@ -99,11 +103,12 @@ def main() -> int:
             server.stop()
     doc = {"date": date.today().isoformat(), "commit": git_commit(), "machine": platform.node(),
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": args.threads,
-           "accelerator": "loopback rpc-server, 1 thread" if acc else None,
+           "accelerator": "loopback rpc-server, 1 thread" if server is not None else acc,
            "placement": f"layers at {args.gpu_budget}" if acc else "every weight on the host", "n_ubatch": 512,
            "steps": args.steps, "rounds": args.rounds, "rows": rows}
     (args.out / "attention.json").write_text(json.dumps(doc, indent=1) + "\n")
-    where = f"CPU + loopback rpc-server, layers at {args.gpu_budget}" if acc else "CPU only"
+    where = (f"CPU + {'loopback rpc-server' if server is not None else acc}, layers at {args.gpu_budget}" if acc
+             else "CPU only")
     lines = [f"# Long contexts, flash attention off and on, {where} ({doc['date']}, commit {doc['commit'][:12]}, "
              f"{doc['cores']} cores, {args.threads} thread(s), ubatch 512, median of {args.rounds} alternated rounds)",
              "", "| model | prompt | n_ctx | fa | KV | TTFT pred / meas ms | ratio | TPOT pred / meas ms | ratio | "

@@ -55,7 +55,13 @@ class Workload:
     `kv_unified` (llama-server's default when it picks its slots itself), all share one stream of
     n_ctx cells, which every pass's attention spans (the other sequences' cells masked). TTFT is one
     sequence's prompt, TPOT one decode pass, and e2e the whole workload: every prompt, then gen - 1
-    decode passes."""
+    decode passes.
+
+    This is the lockstep schedule (`runtime.generate.timed_parallel`). llama-server's slots batch a
+    generating slot's next token with the next prompt's tokens instead (`runtime.slots`): measured,
+    its wall matches the lockstep's within the machine's spread, while a later slot's first token
+    comes later than in lockstep, so TTFT here is the first request's
+    (bench/results/2026-11-27-vm-server-slots)."""
 
     prompt: int = option(512, help="prompt tokens of the workload (of each sequence)")
     gen: int = option(128, help="generated tokens of the workload (of each sequence)")
