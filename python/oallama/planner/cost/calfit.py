@@ -157,6 +157,9 @@ class DeviceCalibration:
     n_matmuls: int = 0
     anchor: float = 1.0  # the factor that made the fitted costs sum to the measured split times
     anchors: dict[int, float] = field(default_factory=dict)  # n_tokens -> that pass size's further factor
+    # line keys fitted to attention spans timed whole (`span_lines`): they give whole-run times already, so
+    # neither the anchor nor a pass size's factor scales them (`_anchored`)
+    whole: list[str] = field(default_factory=list)
 
     def factor(self, n_tokens: int | None) -> float:
         """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
@@ -174,14 +177,24 @@ class DeviceCalibration:
         one ("<op>:1": flash attention's fit apart, `op_key`; the attention kinds' decode lines fitted
         to spans, `span_lines`), else the kind's; an op kind not seen: "*" for one whose work is bytes,
         the attention matmuls' line for one in multiply-adds."""
-        one = self.ops.get(f"{op}:1") if n_tokens == 1 else None
-        return one or self.ops.get(op) or self.ops.get("*" if byte_work(op) else "MUL_MAT")
+        key = self.line_key(op, n_tokens)
+        return self.ops[key] if key is not None else None
+
+    def line_key(self, op: str, n_tokens: int | None = None) -> str | None:
+        """The key of `line`'s fit in `ops` (None: no line)."""
+        for key in ((f"{op}:1",) if n_tokens == 1 else ()) + (op, "*" if byte_work(op) else "MUL_MAT"):
+            if key in self.ops:
+                return key
+        return None
 
     def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
-        f = self.line(op, n_tokens)
-        return f.time_us(w) * self.factor(n_tokens) if f is not None else 0.0
+        key = self.line_key(op, n_tokens)
+        if key is None:
+            return 0.0
+        t = self.ops[key].time_us(w)
+        return t if key in self.whole else t * self.factor(n_tokens)
 
 
 @dataclass
@@ -237,7 +250,8 @@ class Calibration:
     def from_json(doc: dict[str, Any]) -> Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
                                      v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
-                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()})
+                                     {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
+                                     list(v.get("whole") or []))
                 for d, v in doc["devices"].items()}
         known = {f.name for f in fields(Calibration)} - {"devices", "routing"}  # a field absent or null: its default
         return Calibration(devs, routing=Routing.from_json(doc["routing"]) if doc.get("routing") else None,
@@ -339,7 +353,11 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         if star := unseen_op_fit(fits):
             fits["*"] = star
         dc = DeviceCalibration(h, fits, real / prof if prof > 0 else 1.0, n_mm)
-        dc.ops.update(span_lines(dc, span_factors({dev: dc}, spans).get(dev, {})))
+        spanned = span_lines(dc, span_factors({dev: dc}, spans).get(dev, {}))
+        dc.ops.update(spanned)
+        # a pass kind whose node times were mostly synchronisation keeps its span lines anchored (`_anchored`)
+        own = {pass_kind(n) for n in sync_bound(dev_splits)}
+        dc.whole = sorted(k for k in spanned if pass_kind(1 if k.endswith(":1") else None) not in own)
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
@@ -373,6 +391,10 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     # lines' intercepts with it, and only the anchor taken with them makes the timed pass cost what it measured
     # (the mid model's decode with every layer on a loopback rpc-server: 2.35-4.19 ms over six calibrations, 4.00
     # measured; 3.67-4.23 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
+    # The lines fitted to spans timed whole (`dc.whole`) give their nodes' run times already: those are taken out
+    # of the measured times, and the anchors scale the rest. Anchored with them, a decode pass's anchor (0.36:
+    # its nodes timed alone sum to 2.7x the pass) shrank tiny's flash attention after 4000 tokens to a third of
+    # its spans' growth (bench/results/2026-11-28-vm-vulkan-long-context, cpu-tiny).
     own = sync_bound(splits)
     modelled: dict[tuple, float] = defaultdict(float)
     for p in pts:
@@ -381,15 +403,19 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
             continue
         if p["weight_type"] and p["op"] in MATMUL_OPS:
             modelled[k] += _profile_us(profile, dev, p, routing) * dc.matmul_scale
+            continue
+        n, op = int(p["n_tokens"]), p.get("kind", p["op"])
+        line = dc.line_key(op, n)
+        if line in dc.whole:
+            measured[k] -= dc.ops[line].time_us(p["work"])
         else:
-            n = int(p["n_tokens"])
-            modelled[k] += dc.node_time_us(p.get("kind", p["op"]), p["work"], n if n in own else None)
+            modelled[k] += dc.node_time_us(op, p["work"], n if n in own else None)
     total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
     total_f = sum(modelled.values())
     if total_m <= 0 or total_f <= 0:
         return dc
     r = total_m / total_f
-    ops = {op: OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
+    ops = {op: f if op in dc.whole else OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
     # then per pass size: its splits' measured total over its (globally scaled) modelled total
     by_n: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for k, v in modelled.items():
@@ -408,7 +434,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         ops_by_n[n] = max(ops_by_n[n], c)
     most = max(ops_by_n.values(), default=0)
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors)
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, dc.whole)
 
 
 def sync_bound(splits: Sequence[dict[str, Any]]) -> set[int]:
