@@ -90,13 +90,14 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 34  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 35  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
 # a pass size whose node times were mostly synchronisation anchored with its own lines, `calfit.sync_bound`,
 # bench/results/2026-11-26-vm-rpc-decode-anchor; 34: a transposed V cache's element-wise write its own kind
-# (calfit.SCATTER) and a GET_ROWS's work the rows it gathers, bench/results/2026-11-27-h200-promptsplits)
+# (calfit.SCATTER) and a GET_ROWS's work the rows it gathers, bench/results/2026-11-27-h200-promptsplits; 35: the
+# lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
