@@ -339,6 +339,49 @@ def test_a_pass_size_timed_mostly_as_synchronisation_is_anchored_with_the_lines_
         assert prompt_lines * dc.factor(1) == pytest.approx(measured, rel=1e-6)
 
 
+@pytest.mark.parametrize("alone_factor", [1.0, 2.0], ids=lambda v: f"alone{v:g}x")
+def test_attention_lines_fitted_to_spans_are_not_scaled_by_the_pass_anchors(alone_factor: float) -> None:
+    """A decode pass (1 token) and a prompt pass (32) of 20 ADDs and 4 FLASH_ATTN_EXTs on the CPU, each
+    node timed alone paying 10 us more and its ADDs `alone_factor` x their time in the pass (a cold
+    cache): the node times misstate the ADDs, so the pass anchors rescale what they scale. The flash
+    attention spans, timed whole after a short and a long KV cache, give its true line: a decode pass's
+    attention over the long cache must cost what its span measured, whatever the anchor, and each timed
+    pass must still sum to its measured split."""
+    h, view_us, long_w = 10.0, 4.0, 2e6
+    fa = {1: (5.0, 1e-2), 32: (50.0, 1e-3)}  # n_tokens -> flash attention's true (a us, b us / work)
+    add = {1: 4.0, 32: 40.0}  # n_tokens -> an ADD's true time in the pass
+    points, splits, spans = [], [], []
+    for n in (1, 32):
+        base = {"load": "host", "n_tokens": n, "n_past": 32 if n == 1 else 0, "split": 0, "device": "CPU",
+                "weight_type": "", "src0_ne": [64, 64, 1, 1]}
+        a, b = fa[n]
+        ops = [("ADD", 4096.0 * n, add[n], add[n] * alone_factor)] * 20
+        ops += [("FLASH_ATTN_EXT", 1e4 * n * (i + 1), a + b * 1e4 * n * (i + 1), a + b * 1e4 * n * (i + 1))
+                for i in range(4)]
+        for op, w, _, alone in ops:
+            points.append({**base, "op": op, "work": w, "us": alone + h})
+        points.append({**base, "op": "VIEW", "work": 0.0, "us": view_us})
+        splits.append({**base, "n_ops": len(ops), "n_views": 1, "split_us": view_us + sum(t for _, _, t, _ in ops),
+                       "ops_us": sum(alone + h for *_, alone in ops)})
+        short_w = 1e4 * n
+        spans += [{"load": "host", "n_tokens": n, "short_past": base["n_past"], "long_past": 1024, "span": i,
+                   "device": "CPU", "nodes": [["FLASH_ATTN_EXT", short_w, long_w]],
+                   "short_us": h + a + b * short_w, "long_us": h + a + b * long_w} for i in range(4)]
+    dc = fit(points, [], None, splits, spans=spans).devices["CPU"]
+    assert sorted(dc.whole) == ["FLASH_ATTN_EXT", "FLASH_ATTN_EXT:1"]
+    if alone_factor > 1:
+        assert abs(dc.factor(1) - 1) > 0.1  # the ADDs' node times rescaled by the anchor
+    for n in (1, 32):
+        a, b = fa[n]
+        # the fitted node overhead is the ADDs' and the stops' mean: within it of the span's time
+        assert dc.node_time_us("FLASH_ATTN_EXT", long_w, n) == pytest.approx(a + b * long_w, rel=0.01), n
+        costed = sum(dc.node_time_us(p["op"], p["work"], n) for p in points
+                     if p["n_tokens"] == n and p["op"] != "VIEW")
+        assert costed == pytest.approx(splits[n > 1]["split_us"] - view_us, rel=1e-6), n
+    back = Calibration.from_json(json.loads(json.dumps(Calibration({"CPU": dc}, 0.0, 0.0).to_json())))
+    assert back.devices["CPU"].whole == dc.whole
+
+
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
