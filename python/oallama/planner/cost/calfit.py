@@ -384,17 +384,15 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
     key = ("load", "n_tokens", "n_past", "split")
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
-    # With each kind's prompt line, a decode pass's too: its decode lines ("<op>:1") fitted to spans already give
-    # the spans' measured times, and anchoring them again made the held-out error larger
-    # (bench/results/2026-11-26-vm-ablation-sync-context). Not where the pass's nodes timed alone were mostly
+    # A node whose line was fitted to spans timed whole (`dc.whole`) costs its run time already: that time is taken
+    # out of the measured split and the anchors scale the rest. Anchored with them, a decode anchor of 0.36 (its
+    # nodes timed alone summed to 2.7x the pass) shrank tiny's flash attention after 4000 cells to a third of its
+    # spans' growth (bench/results/2026-11-28-vm-long-context-spans). The other nodes of a pass are modelled with
+    # each kind's prompt line, a decode pass's too. Not where the pass's nodes timed alone were mostly
     # synchronisation (`sync_bound`): there a span's time less one node's overhead is the round trip's noise, its
-    # lines' intercepts with it, and only the anchor taken with them makes the timed pass cost what it measured
-    # (the mid model's decode with every layer on a loopback rpc-server: 2.35-4.19 ms over six calibrations, 4.00
-    # measured; 3.67-4.23 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
-    # The lines fitted to spans timed whole (`dc.whole`) give their nodes' run times already: those are taken out
-    # of the measured times, and the anchors scale the rest. Anchored with them, a decode pass's anchor (0.36:
-    # its nodes timed alone sum to 2.7x the pass) shrank tiny's flash attention after 4000 tokens to a third of
-    # its spans' growth (bench/results/2026-11-28-vm-vulkan-long-context, cpu-tiny).
+    # lines' intercepts with it, so they are not `whole` and only the anchor taken with their own lines makes the
+    # timed pass cost what it measured (the mid model's decode with every layer on a loopback rpc-server: 2.35-4.19
+    # ms over six calibrations, 4.00 measured; 3.67-4.23 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
     own = sync_bound(splits)
     modelled: dict[tuple, float] = defaultdict(float)
     for p in pts:
