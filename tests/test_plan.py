@@ -22,6 +22,7 @@ from helpers import (
     post_json,
     sched_model_mismatches,
     stock_context,
+    stock_memory,
     stock_placement,
     stock_server,
 )
@@ -38,6 +39,7 @@ from oallama.planner.plan import (
     make_plan,
     parse_budget,
     place_layers,
+    with_stock_memory,
 )
 from oallama.planner.solvers import chaindp, optimal
 from oallama.planner.strategies import guided_search
@@ -448,6 +450,31 @@ def test_emitted_stock_command_places_as_planned(strategy: str, tiny_f16: Path, 
     assert stock_context(text) == planned_context(plan)
     assert_memory_as_planned(plan, text, "RPC0")
     assert out["tokens"] == want
+
+
+def test_stock_command_of_per_weight_streaming_takes_the_memory_the_plan_says(fast_ctx, tiny_f16: Path,
+                                                                               tmp_path: Path) -> None:
+    """A plan streaming host weights by per-weight thresholds: the stock command cannot (an
+    rpc-server has no offload_op, and stock's threshold is global), so its load's compute buffers
+    differ from the plan's own, and the plan says what they are (`Plan.stock_memory`, measured)."""
+    base = make_plan(fast_ctx, "layers", "60%")
+    host = [w for w in fast_ctx.weight_bytes if w not in base.placement.on_acc and w.endswith("_up.weight")]
+    assert host, "60% of tiny's weights leaves an ffn_up weight on the host"
+    placement = Placement(base.placement.on_acc, base.placement.kv_layers, dict.fromkeys(host, 2))
+    plan = with_stock_memory(fast_ctx, dataclasses.replace(
+        base, strategy="optimal", placement=placement, stock_layers=False, extra={},
+        memory=measure_memory(fast_ctx, placement)))
+    assert not plan.stock_streams_as_planned()
+    assert plan.stock_memory["compute"] < plan.memory["compute"], "streamed copies need room on the accelerator"
+    log = tmp_path / "llama-server.log"
+    with rpc.start_server(threads=1) as other:
+        cmd = plan.stock_command()
+        args = [a.replace(devices.rpc_endpoint(plan.accelerator) or "", other.endpoint) for a in cmd[1:]]
+        with stock_server([*args, "-v"], log):
+            pass
+    text = log.read_text(errors="replace")
+    assert stock_memory(text, "RPC0")["compute"] != plan.memory["compute"]
+    assert_memory_as_planned(plan, text, "RPC0")
 
 
 def test_a_plans_memory_is_what_its_load_reserves(fast_ctx, tiny_f16: Path, rpc_server: rpc.RpcServer,

@@ -107,6 +107,20 @@ class Plan:
         pol = self.offload_policy()
         return bool(self.accelerator) and bool(pol) and all(b >= NEVER for b in pol.values())
 
+    def stock_streams_as_planned(self) -> bool:
+        """Whether the emitted stock command streams exactly what the plan streams: nothing (it says
+        --no-op-offload) or what llama.cpp's own rule streams (the plan names no threshold). Per-weight
+        thresholds need oallama: stock has one global threshold, and none at all for an rpc-server
+        (its backend has no offload_op)."""
+        return not self.accelerator or not self.offload_policy() or self.streams_nothing()
+
+    @property
+    def stock_memory(self) -> dict[str, int]:
+        """Accelerator bytes of the emitted stock command's load (llama.cpp's accounting): the plan's
+        own, unless the stock command streams otherwise (`stock_streams_as_planned`), when its
+        compute buffers differ and make_plan measured that load too."""
+        return dict(self.extra.get("stock_memory") or self.memory)
+
     @property
     def load_mode(self) -> str:
         """How the plan loads: llama.cpp's fit patterns as they are, n_gpu_layers alone, or overrides
@@ -323,10 +337,25 @@ def make_plan(ctx: PlanContext, strategy: str, budget: str | int | None, *, prog
         placement, lay_details = layoutmod.choose(ctx, placement, extra)
         details["layout_choice"] = lay_details
         placement = unnamed_defaults(ctx, placement)
-    elapsed = time.perf_counter() - t0
-    return Plan(s.name, ctx.acc, placement, budget_bytes, str(budget) if budget is not None else "",
+    plan = Plan(s.name, ctx.acc, placement, budget_bytes, str(budget) if budget is not None else "",
                 ctx.workload, ctx.predict(placement), placed.memory, _model_doc(ctx), ctx.settings, ctx.profile.key,
-                placed.stock_layers, elapsed, details, sorted(ctx.weight_bytes), placed.raw_overrides, host_bytes)
+                placed.stock_layers, 0.0, details, sorted(ctx.weight_bytes), placed.raw_overrides, host_bytes)
+    with_stock_memory(ctx, plan)
+    plan.plan_s = time.perf_counter() - t0
+    return plan
+
+
+def with_stock_memory(ctx: PlanContext, plan: Plan) -> Plan:
+    """`plan`, with extra["stock_memory"] measured where its stock command streams otherwise than it
+    does (`Plan.stock_streams_as_planned`): the stock command streams by llama.cpp's own rule, so its
+    compute buffers are those of the placement loaded with no per-weight thresholds. A stock_layers or
+    fit placement is measured as stock loads it already; flexgen's command sets stock's global
+    threshold instead."""
+    if plan.stock_streams_as_planned() or plan.stock_layers or plan.raw_overrides or plan.strategy == "flexgen":
+        return plan
+    p = plan.placement
+    plan.extra["stock_memory"] = measure_memory(ctx, Placement(p.on_acc, p.kv_layers, {}, p.layouts, p.dual_max_batch))
+    return plan
 
 
 def confirm_strategies(ctx: PlanContext) -> tuple[str, ...]:
@@ -567,9 +596,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if o.emit_ot:
             print("\nstock llama.cpp equivalent of the weight placement (llama-cli takes the same arguments):")
             print(" ".join(_shell_quote(a) for a in chosen.stock_command()))
-            if chosen.offload_policy() and not chosen.streams_nothing():
+            if not chosen.stock_streams_as_planned():
+                mib = {k: chosen.stock_memory.get(k, 0) / 2**20 for k in ("total", "compute")}
                 print("# per-tensor streaming thresholds need oallama (stock llama.cpp has one global "
-                      "GGML_OP_OFFLOAD_MIN_BATCH)")
+                      "GGML_OP_OFFLOAD_MIN_BATCH, and streams nothing to an rpc-server): this command streams by "
+                      f"stock's rule and takes {mib['total']:.1f} MiB on {chosen.accelerator} "
+                      f"({mib['compute']:.1f} MiB compute buffers), the plan {chosen.memory['total'] / 2**20:.1f}")
             if chosen.stock_layouts() is None:
                 print("# per-weight host layouts (mixed, or both kept) need oallama: stock -ot names only devices' "
                       "buffer types; the nearest single layout is the default (repacked) or --no-repack")
