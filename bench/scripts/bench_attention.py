@@ -86,9 +86,15 @@ def main() -> int:
     ap.add_argument("--rpc-local", action="store_true", help="a loopback rpc-server (1 thread) as the accelerator")
     ap.add_argument("--device", help="a ggml device as the accelerator (e.g. Vulkan0)")
     ap.add_argument("--gpu-budget", default="50%", help="its budget (llama.cpp's -ngl placement for it)")
+    ap.add_argument("--settings", default=",".join(f"{fa}:{ct}" for fa, ct in SETTINGS),
+                    help="flash attention:KV cache type pairs, comma-separated")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     prompts = [int(p) for p in args.prompt.split(",")]
+    try:
+        args.settings = [(fa, ct) for fa, ct in (x.split(":") for x in args.settings.split(","))]
+    except ValueError:
+        ap.error(f"--settings {args.settings}: give pairs such as on:f16,off:f16")
     args.out.mkdir(parents=True, exist_ok=True)
     from oallama.runtime import rpc
 
@@ -136,7 +142,7 @@ def _run(args: argparse.Namespace, prompts: list[int], acc: str | None) -> list[
     for model in args.models:
         for prompt in prompts:
             cells = []
-            for fa, ctype in SETTINGS:
+            for fa, ctype in args.settings:
                 ctx, plan, pred = _plan(model, prompt, args.steps + 1, fa, ctype, args.threads, acc, args.gpu_budget,
                                         args.out)
                 cells.append({"model": model.name, "prompt": prompt, "n_ctx": ctx.workload.n_ctx, "flash_attn": fa,

@@ -57,7 +57,7 @@ with open(out_path, "a") as f:
         toks = prompt_tokens(llm, n_ctx)
         found = {}
         for n in sizes:  # the spans, from node-by-node runs after the shortest and the longest past
-            short, long = attnspan._nodes(llm, toks, n, pasts[0]), attnspan._nodes(llm, toks, n, pasts[-1])
+            short, long = attnspan.node_list(llm, toks, n, pasts[0]), attnspan.node_list(llm, toks, n, pasts[-1])
             sp = attnspan.spans(short, long, n, pasts[0], pasts[-1])
             ops = {r.op for a, b in sp for r in long[a:b + 1] if r.op not in VIEW_OPS}
             stops = sorted({k for a, b in sp for k in (a - 1, b)})
@@ -74,7 +74,7 @@ with open(out_path, "a") as f:
                 for n in sizes:
                     nodes, sp, stops = found[n]
                     t0 = time.perf_counter()
-                    runs = attnspan._time(llm, toks, n, past, stops, reps)
+                    runs = attnspan.time_stops(llm, toks, n, past, stops, reps)
                     per_run = [sum(r[stops.index(b)] for _, b in sp) for r in runs]  # us, every layer's span
                     rec = {"model": os.path.basename(model), "round": rnd, "n_tokens": n, "past": past,
                            "span_us": statistics.median(per_run), "span_min_us": min(per_run),

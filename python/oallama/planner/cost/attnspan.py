@@ -45,7 +45,7 @@ def cost_s(prompt_us_per_token: float) -> float:
     return prompt_us_per_token / 1e6 * (2 * LONG_PAST + 3 * REPS * (PROMPT_TOKENS + 1))
 
 
-def _works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
+def works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
     cells = n_past + (n_tokens + 1) / 2  # the mean token's attended cells (flash attention)
     return [work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=cells) for r in nodes]
 
@@ -57,7 +57,7 @@ def spans(short: Sequence[_core.NodeTime], long: Sequence[_core.NodeTime], n_tok
     the same pass after short_past and after long_past cells, node by node."""
     if [r.op for r in short] != [r.op for r in long]:
         raise ProfileError("attention spans: the pass's graph differs between the two KV lengths")
-    ws, wl = _works(short, n_tokens, short_past), _works(long, n_tokens, long_past)
+    ws, wl = works(short, n_tokens, short_past), works(long, n_tokens, long_past)
     out: list[tuple[int, int]] = []
     first = last = -1
     for k, r in enumerate(short):
@@ -74,7 +74,7 @@ def spans(short: Sequence[_core.NodeTime], long: Sequence[_core.NodeTime], n_tok
     return out
 
 
-def _time(llm: Any, tokens: list[int], n: int, n_past: int, stops: list[int], reps: int) -> list[list[float]]:
+def time_stops(llm: Any, tokens: list[int], n: int, n_past: int, stops: list[int], reps: int) -> list[list[float]]:
     """reps runs of the pass of n tokens after n_past, stopped at `stops`: per run, the range of each
     stop (us)."""
     prefix, toks = tokens[:n_past], tokens[n_past:n_past + n]
@@ -83,7 +83,7 @@ def _time(llm: Any, tokens: list[int], n: int, n_past: int, stops: list[int], re
     return [[r.nodes[k].range_us for k in stops] for r in runs]
 
 
-def _nodes(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.NodeTime]:
+def node_list(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.NodeTime]:
     """The pass's nodes, run node by node (also its warm-up: graph built, buffers allocated)."""
     with _core.NodeTimer(llm.native_context) as timer:
         return list(timed_eval(llm, timer, tokens[:n_past], tokens[n_past:n_past + n], []).nodes)
@@ -92,18 +92,18 @@ def _nodes(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.NodeT
 def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dict[str, Any]]:
     passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
     # node lists, short passes first (the long prefix is filled once, below), and each pass's spans and stops
-    shorts = {n: _nodes(llm, tokens, n, past) for n, past in passes}
-    longs = {n: _nodes(llm, tokens, n, LONG_PAST) for n, _ in passes}
+    shorts = {n: node_list(llm, tokens, n, past) for n, past in passes}
+    longs = {n: node_list(llm, tokens, n, LONG_PAST) for n, _ in passes}
     found = {n: spans(shorts[n], longs[n], n, past, LONG_PAST) for n, past in passes}
     stops = {n: sorted({k for a, b in sp for k in (a - 1, b)}) for n, sp in found.items()}
     times: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
     for block, kv in (("short", None), ("long", LONG_PAST), ("short", None)):
         for n, past in passes:
             if found[n]:
-                times[(n, block)] += _time(llm, tokens, n, past if kv is None else kv, stops[n], reps)
+                times[(n, block)] += time_stops(llm, tokens, n, past if kv is None else kv, stops[n], reps)
     out = []
     for n, past in passes:
-        ws, wl = _works(shorts[n], n, past), _works(longs[n], n, LONG_PAST)
+        ws, wl = works(shorts[n], n, past), works(longs[n], n, LONG_PAST)
         for i, (a, b) in enumerate(found[n]):
             col = stops[n].index(b)
             nodes = [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]] for k in range(a, b + 1)
