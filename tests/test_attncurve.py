@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from oallama.planner.cost import attncurve
+from oallama.planner.cost import attncurve, attnspan
 from oallama.planner.cost.calfit import Calibration, DeviceCalibration, OpFit, long_multiplier
 from oallama.runtime.kvcache import llama_kwargs
 
@@ -71,7 +71,7 @@ def test_the_curve_is_measured_once_per_device_and_settings(flash_attn: bool, mo
     the segments cached: asked again, nothing is measured."""
     attention = llama_kwargs(flash_attn, "f16", "f16")
     segs = attncurve.curve(threads=1, attention=attention, progress=False)
-    assert [s[0] for s in segs] == [p + 64.5 for p in attncurve.PASTS[:-1]]
+    assert [s[0] for s in segs] == [p + (attnspan.PROMPT_TOKENS + 1) / 2 for p in attncurve.PASTS[:-1]]
     rec = json.loads(attncurve.cache_path(1, attention).read_text())
     assert rec["pasts"] == [0, *attncurve.PASTS] and rec["segments"] == segs
     assert rec["us"][-1] > 4 * rec["us"][0]  # 8192 cells' attention against none's

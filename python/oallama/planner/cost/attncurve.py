@@ -17,7 +17,7 @@ A decode pass's growth is not one device ratio per multiply-add (the same set: 3
 models, a memory-bound pass whose cost depends on each head's K/V bytes): decode lines keep their
 own extrapolation.
 
-  curve       the segments for these settings: cached, else measured (about 10-20 s on 2 cores)
+  curve       the segments for these settings: cached, else measured (this VM: 11 s at 2 threads, 20 at 1)
   measure     the reference's prompt spans at each past and the segments' ratios
 
 calfit.long_multiplier applies the segments.
@@ -44,7 +44,7 @@ from . import attnspan
 from .profile import build_info, device_identity
 from .realpass import VIEW_OPS
 
-VERSION = 1  # of the measurement: part of the cache key
+VERSION = 2  # of the measurement: part of the cache key; 2: 512-token passes (attnspan.PROMPT_TOKENS)
 REFERENCE = ("tiny", "q4_k_m", 2)  # preset, type, layers: small weights, so its long caches fill in seconds
 PASTS = (attnspan.LONG_PAST, 2048, 4096, 8192)  # cells before the timed prompt passes (besides none)
 REPS = 5  # timed runs of each past in each of the two sweeps (longest first, then shortest first)

@@ -90,7 +90,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 36  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 37  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -98,14 +98,15 @@ VERSION = 36  # of the method: part of a calibrated profile's cache key (what ea
 # bench/results/2026-11-26-vm-rpc-decode-anchor; 34: a transposed V cache's element-wise write its own kind
 # (calfit.SCATTER) and a GET_ROWS's work the rows it gathers, bench/results/2026-11-27-h200-promptsplits; 35: the
 # lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`; 36: a prompt
-# pass's attention past the spans' long cache costed by the host's measured curve, attncurve.py)
+# pass's attention past the spans' long cache costed by the host's measured curve, attncurve.py; 37: the prompt spans
+# timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
-SPANS_S = 30.0  # the attention spans are timed when that takes under this many seconds (`_spans`)
+SPANS_S = 60.0  # the attention spans are timed when that takes under this many seconds (`_spans`)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
 
@@ -307,8 +308,9 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
 def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, Any]], *, threads: int, n_prefill: int,
            mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> list[dict[str, Any]]:
     """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
-    timed prompt passes' time per token says (a 2-layer 8B shape: 8-25 s; the whole 8B would take
-    minutes: none, and the attention kinds keep their node-by-node lines)."""
+    timed prompt passes' time per token says (a 2-layer 8B shape, its prompt spans in 512-token passes:
+    about 20-50 s; the whole 8B would take minutes: none, and the attention kinds keep their node-by-node
+    lines)."""
     per_token = defaultdict(float)  # load -> us per token of its n_prefill-token pass
     for s in splits:
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
