@@ -5,7 +5,7 @@ carries (points, splits, attention spans), the row's workload is costed again wi
 the host, and the errors against the row's measured medians are printed beside the ones the set
 recorded. No model runs.
 
-    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--no-curve] [--json OUT]
+    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT]
 
 DIR holds the sets' model files by the names the rows give (`oallama synth` writes the synthetic
 ones again: their shapes, not their weights, are what is costed). Error = predicted / measured - 1.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 
-def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, curve: bool = True) -> dict[str, Any]:
+def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path) -> dict[str, Any]:
     from oallama.planner.context import Workload, build_context
     from oallama.planner.cost.calfit import refitted
     from oallama.planner.cost.profile import Profile
@@ -33,9 +33,6 @@ def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, curve:
     prof = Profile.from_json(json.loads(pf.read_text()), pf)  # not `load`: a set's build may predate this one
     if prof.calibration is not None:
         prof.calibration = refitted(prof.calibration, prof)
-        if not curve:  # the span lines' own extrapolation past the long span (calibration method <= 35)
-            for dc in prof.calibration.devices.values():
-                dc.long_prompt = []
     wl = Workload(prompt=row["prompt"], gen=doc["steps"] + 1, n_ubatch=doc["n_ubatch"],
                   flash_attn=row["flash_attn"], cache_type_k=row["cache_type"], cache_type_v=row["cache_type"])
     ctx = build_context(models / row["model"], None, wl, profile=prof, threads=doc["threads"], progress=False)
@@ -61,8 +58,6 @@ def main() -> int:
     ap.add_argument("sets", nargs="+", type=Path)
     ap.add_argument("--models", type=Path, required=True)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-curve", action="store_true",
-                    help="cost attention past the spans' long cache without the host's curve (attncurve.py)")
     args = ap.parse_args()
     rows = []
     for d in args.sets:
@@ -71,7 +66,7 @@ def main() -> int:
             print(f"{d}: rows on {doc['accelerator']} left out (host-only rows only)", file=sys.stderr)
             continue
         for row in doc["rows"]:
-            r = _row(d, doc, row, args.models, curve=not args.no_curve)
+            r = _row(d, doc, row, args.models)
             rows.append(r)
             print(f"{d.name:18} {r['model'][:24]:24} {r['prompt']:6} fa {r['fa']:3} {r['kv']:5} "
                   + "  ".join(f"{m[:4]} meas {r[m]['measured']:9.2f} rec {r[m]['err_recorded']:+6.1%} "

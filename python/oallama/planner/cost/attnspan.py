@@ -36,9 +36,9 @@ from .realpass import VIEW_OPS, layers_that_fit, timed_eval
 
 LONG_PAST = 1024  # KV cells before the long passes
 SHORT_DECODE_PAST = 32  # ... before the short decode pass (a short prompt pass: none)
-PROMPT_TOKENS = 512  # tokens of the prompt pass: llama.cpp's default ubatch (a 128-token pass's attention cost mid 2L
-# 52 ps per unit of work up to 1024 cells where a 512-token pass's cost 82, and extrapolated apart beyond them:
-# bench/results/2026-11-28-vm-attention-curve)
+PROMPT_TOKENS = 512  # tokens of the prompt pass: llama.cpp's default ubatch; in 128-token passes mid 2L's attention
+# cost 52 ps per unit of work up to 1024 cells and 120 beyond, in 512-token passes 82 and 84 (alternated in one
+# load): bench/results/2026-11-28-vm-attention-curve
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
 
 

@@ -6,8 +6,7 @@
   Calibration          every device's, the time outside the graph, and the measurements behind them;
   fit                  the fits from node-mode and split-mode times (see calibrate.py);
   span_factors,        the attention kinds' lines fitted to spans of the real graph timed whole at
-  span_lines           two KV lengths (attnspan.py);
-  long_multiplier      the host's prompt attention past the longer span (attncurve.py).
+  span_lines           two KV lengths (attnspan.py).
 """
 
 from __future__ import annotations
@@ -161,9 +160,6 @@ class DeviceCalibration:
     # line keys fitted to attention spans timed whole (`span_lines`): they give whole-run times already, so
     # neither the anchor nor a pass size's factor scales them (`_anchored`)
     whole: list[str] = field(default_factory=list)
-    # the host's attention past the long span, per segment of attended cells [[lo, hi, ratio], ...]
-    # (attncurve.py): the factor on the work of a prompt pass's `whole` lines beyond it; empty: none
-    long_prompt: list[list[float]] = field(default_factory=list)
 
     def factor(self, n_tokens: int | None) -> float:
         """The pass-size factor for a pass of n_tokens: between two timed sizes, interpolated on a
@@ -191,18 +187,14 @@ class DeviceCalibration:
                 return key
         return None
 
-    def node_time_us(self, op: str, w: float, n_tokens: int | None = None, cells: float | None = None) -> float:
-        """A node's time (us) at work w in a pass of n_tokens whose mean token attends to `cells`."""
+    def node_time_us(self, op: str, w: float, n_tokens: int | None = None) -> float:
         if op in VIEW_OPS:
             return 0.0
         key = self.line_key(op, n_tokens)
         if key is None:
             return 0.0
-        if key not in self.whole:
-            return self.ops[key].time_us(w) * self.factor(n_tokens)
-        if n_tokens != 1 and cells is not None:  # a prompt pass's attention past the spans (attncurve.py)
-            w *= long_multiplier(self.long_prompt, cells)
-        return self.ops[key].time_us(w)
+        t = self.ops[key].time_us(w)
+        return t if key in self.whole else t * self.factor(n_tokens)
 
 
 @dataclass
@@ -259,7 +251,7 @@ class Calibration:
         devs = {d: DeviceCalibration(v["node_overhead_us"], {k: OpFit(**f) for k, f in v["ops"].items()},
                                      v["matmul_scale"], v.get("n_matmuls", 0), v.get("anchor", 1.0),
                                      {int(n): float(r) for n, r in (v.get("anchors") or {}).items()},
-                                     list(v.get("whole") or []), [list(x) for x in v.get("long_prompt") or []])
+                                     list(v.get("whole") or []))
                 for d, v in doc["devices"].items()}
         known = {f.name for f in fields(Calibration)} - {"devices", "routing"}  # a field absent or null: its default
         return Calibration(devs, routing=Routing.from_json(doc["routing"]) if doc.get("routing") else None,
@@ -318,12 +310,10 @@ def _profile_us(profile: Any, dev: str, p: dict[str, Any], routing: Routing | No
 
 def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]], profile: Any,
         splits: Sequence[dict[str, Any]] = (), routing: Routing | None = None,
-        spans: Sequence[dict[str, Any]] = (), curves: Mapping[str, Sequence[Sequence[float]]] | None = None
-        ) -> Calibration:
+        spans: Sequence[dict[str, Any]] = ()) -> Calibration:
     """The calibration's fits from its measurements (see the module docstring); spans: attention
     spans timed whole (attnspan.measure), which the attention kinds' lines are fitted to before the
-    anchors (`span_lines`); curves: device -> its attention past the long span (attncurve.curve),
-    kept where the device has span lines.
+    anchors (`span_lines`).
 
     Node-mode times give each node's share; split-mode times, taken without synchronising inside
     a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
@@ -368,8 +358,6 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         # a pass kind whose node times were mostly synchronisation keeps its span lines anchored (`_anchored`)
         own = {pass_kind(n) for n in sync_bound(dev_splits)}
         dc.whole = sorted(k for k in spanned if pass_kind(1 if k.endswith(":1") else None) not in own)
-        if dc.whole:
-            dc.long_prompt = [list(x) for x in (curves or {}).get(dev, [])]
         devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
@@ -388,8 +376,7 @@ def refitted(cal: Calibration, profile: Any) -> Calibration:
     before carry that method's works (a SET_ROWS node's the whole cache's, a decode pass's KQ and KQV
     in multiply-adds, no "kind"): bench/results/2026-11-26-vm-setrows/setrows_refit.py converts f16
     caches' (`rows_work`, `vec_points`)."""
-    curves = {d: dc.long_prompt for d, dc in cal.devices.items()}
-    return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing, cal.spans, curves).devices)
+    return replace(cal, devices=fit(cal.points, [], profile, cal.splits, cal.routing, cal.spans).devices)
 
 
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
@@ -445,8 +432,7 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
         ops_by_n[n] = max(ops_by_n[n], c)
     most = max(ops_by_n.values(), default=0)
     anchors = {n: m / f for n, (m, f) in by_n.items() if m > 0 and f > 0 and ops_by_n[n] >= ANCHOR_OPS * most}
-    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, dc.whole,
-                             dc.long_prompt)
+    return DeviceCalibration(dc.node_overhead_us, ops, dc.matmul_scale * r, dc.n_matmuls, r, anchors, dc.whole)
 
 
 def sync_bound(splits: Sequence[dict[str, Any]]) -> set[int]:
@@ -546,20 +532,6 @@ def interpolated(by_size: Mapping[int, float], n_tokens: int | None) -> float:
     lo = max(n for n in sizes if n < n_tokens)
     t = (math.log(n_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
     return by_size[lo] + t * (by_size[hi] - by_size[lo])
-
-
-def long_multiplier(segments: Sequence[Sequence[float]], cells: float) -> float:
-    """The factor on a span line's work at `cells` attended cells (attncurve.py): (the cells up to the
-    first segment's start + each segment's cells beyond it times its ratio) / cells; 1 up to the first
-    segment, and the last segment's ratio past its end."""
-    if not segments or cells <= segments[0][0]:
-        return 1.0
-    eff = segments[0][0]
-    for k, (lo, hi, r) in enumerate(segments):
-        top = cells if k == len(segments) - 1 else min(cells, hi)  # the last ratio runs on
-        if top > lo:
-            eff += r * (top - lo)
-    return eff / cells
 
 
 def line(pts: Sequence[tuple[int, float]]) -> tuple[float, float]:

@@ -67,7 +67,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +97,10 @@ VERSION = 37  # of the method: part of a calibrated profile's cache key (what ea
 # a pass size whose node times were mostly synchronisation anchored with its own lines, `calfit.sync_bound`,
 # bench/results/2026-11-26-vm-rpc-decode-anchor; 34: a transposed V cache's element-wise write its own kind
 # (calfit.SCATTER) and a GET_ROWS's work the rows it gathers, bench/results/2026-11-27-h200-promptsplits; 35: the
-# lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`; 36: a prompt
-# pass's attention past the spans' long cache costed by the host's measured curve, attncurve.py; 37: the prompt spans
-# timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS)
+# lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`; 36: a host
+# curve for a prompt's attention past the spans' 1024 cells, removed in 37: it did not improve held-out TTFT; 37: the
+# prompt spans timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS; both
+# bench/results/2026-11-28-vm-attention-curve)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -239,17 +240,14 @@ def _node_points(load: _Load, layers: AttentionLayers | None = None) -> list[dic
 def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
               n_ctx: int = 512, op_offload: bool = True, mmap: bool = True, reps: int = 3, max_fill_s: float = 10.0,
               progress: bool = True, max_rounds: int = MAX_ROUNDS, rounds_s: float = ROUNDS_S,
-              attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1,
-              long_curve: Callable[[], list[list[float]]] | None = None) -> Calibration:
+              attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1) -> Calibration:
     """Time the real graph of `path` on `devices` (the CPU first, then at most one accelerator)
     and fit the terms the one-op profile cannot see (module docstring). `profile`: the one-op
     Profile of the same model and devices, for the matmul scale. attention: llama_cpp.Llama's flash
     attention and KV cache keywords (runtime.kvcache.llama_kwargs) every load takes. decode: the
     workload's decode pass (tokens: one of each of its sequences), timed too when above 1 (a
     4-token pass's layouts are not between the 1- and 32-token ones: the 8B's q4_K matrices ran
-    1.12x slower plain there, where the timed sizes interpolated to 0.8x). long_curve: the host's
-    attention past the spans' long cache for these settings (attncurve.curve), asked for where the
-    spans were timed.
+    1.12x slower plain there, where the timed sizes interpolated to 0.8x).
 
     A shared machine can run 1.4-1.7x slower for seconds to minutes at a time (the project's VM: a
     small MoE's decode at 4.2-4.8 ms instead of 2.6-2.9 ms, at any load average), and a pass timed
@@ -290,9 +288,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
     m = merge_rounds(rounds)
     spans = _spans(path, devices, m.splits, threads=threads, n_prefill=n_prefill, mmap=mmap, op_offload=op_offload,
                    attention=attention, progress=progress)
-    # the host's attention past the spans' long cache: measured once per device and settings (attncurve.py)
-    curves = {devices[0]: long_curve()} if spans and long_curve is not None else {}
-    cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing, spans, curves)
+    cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing, spans)
     cal.detached, cal.stream, cal.scatter, cal.layouts = _detached_on(m), m.stream, m.scatter, m.layouts
     cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
     cal.rounds_detached = [dict(r.detached) for r in rounds]

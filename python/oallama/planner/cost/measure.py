@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from ...errors import ProfileError
 from ...options import add_arguments, from_args, option
 from ...runtime import devices as devmod
 from ..graph import Inventory, inventory
-from . import attncurve, hostspeed
+from . import hostspeed
 from .calibrate import calibrate
 from .profile import (
     DEFAULT_TOKENS,
@@ -364,9 +363,7 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     if calibrated:
         prof.calibration = calibrate(path, [d.name for d in devs], prof, threads=settings.threads,
                                      op_offload=op_offload, mmap=mmap, progress=progress,
-                                     attention=settings.attention(), decode=settings.decode_tokens,
-                                     long_curve=partial(attncurve.curve, threads=settings.threads,
-                                                        attention=settings.attention(), progress=progress))
+                                     attention=settings.attention(), decode=settings.decode_tokens)
         prof.elapsed_s += prof.calibration.elapsed_s
     prof.host_speed["after"] = hostspeed.measure_devices(settings.threads, acc)
     if cache:

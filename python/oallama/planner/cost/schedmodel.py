@@ -281,8 +281,8 @@ class PassModel:
             if cells is not None and self.attention is not None and n.op == "FLASH_ATTN_EXT" and len(n.srcs) > 1:
                 cells = self.attention.cells(self.kv_layer(n.srcs[1]), cells)  # src1: the layer's K cache
             w = work(n.op, n.ne, n.nbytes, [t.ne for t in srcs], sum(t.nbytes for t in srcs), cells)
-            self.t_host[i] = host.node_time_us(kind(n.op, n.ne), w, self.n_tokens, cells)
-            self.t_acc[i] = acc.node_time_us(kind(n.op, n.ne), w, self.n_tokens, cells)
+            self.t_host[i] = host.node_time_us(kind(n.op, n.ne), w, self.n_tokens)
+            self.t_acc[i] = acc.node_time_us(kind(n.op, n.ne), w, self.n_tokens)
         self.overhead_us = cal.pass_overhead_us(self.n_tokens)
         self.detached_us = min(cal.detached_us(self.acc, self.n_tokens), self.overhead_us)
 
