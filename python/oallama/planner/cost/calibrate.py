@@ -304,9 +304,9 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
 def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, Any]], *, threads: int, n_prefill: int,
            mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> list[dict[str, Any]]:
     """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
-    timed prompt passes' time per token says (a 2-layer 8B shape, its prompt spans in 512-token passes:
-    about 20-50 s; the whole 8B would take minutes: none, and the attention kinds keep their node-by-node
-    lines)."""
+    timed prompt passes' time per token says (its prompt spans in 512-token passes, at 1 thread on this VM:
+    a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes:
+    none, and the attention kinds keep their node-by-node lines)."""
     per_token = defaultdict(float)  # load -> us per token of its n_prefill-token pass
     for s in splits:
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
