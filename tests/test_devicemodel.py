@@ -193,12 +193,14 @@ def test_the_reference_s_layer_weights_are_kept_at_every_column_count(
 
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
 def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny_q8: Path, flash_attn: bool) -> None:
-    """The spans timed at two KV lengths: per layer and pass (a 128-token prompt, a decode), the run of
-    nodes whose work grows with the cache -- KQ, softmax, KQV; flash attention's one node -- found in the
-    real graph, each timed at both lengths, its nodes by the kind they are costed as."""
+    """The spans timed at two KV lengths: per layer and pass (a prompt in the workloads' default ubatch, a
+    decode), the run of nodes whose work grows with the cache -- KQ, softmax, KQV; flash attention's one
+    node -- found in the real graph, each timed at both lengths, its nodes by the kind they are costed as."""
     spans = attnspan.measure(tiny_q8, ["CPU"], threads=1, attention=kvcache.llama_kwargs(flash_attn, "f16", "f16"),
                              reps=1)
     n_layer = int(gguf_file.check_model(tiny_q8).hparam("block_count"))
+    # a prompt's attention per unit of work depends on its pass size (bench/results/2026-11-28-vm-attention-curve)
+    assert planmod.Workload().n_ubatch == attnspan.PROMPT_TOKENS
     for n in (attnspan.PROMPT_TOKENS, 1):
         mm = calfit.VEC if n == 1 else "MUL_MAT"  # a decode pass's KQ and KQV: matrix-vector products
         want = ["FLASH_ATTN_EXT"] if flash_attn else [mm, "SOFT_MAX", mm]

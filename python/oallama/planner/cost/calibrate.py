@@ -90,7 +90,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 37  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 38  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -100,7 +100,8 @@ VERSION = 37  # of the method: part of a calibrated profile's cache key (what ea
 # lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`; 36: a host
 # curve for a prompt's attention past the spans' 1024 cells, removed in 37: it did not improve held-out TTFT; 37: the
 # prompt spans timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS; both
-# bench/results/2026-11-28-vm-attention-curve)
+# bench/results/2026-11-28-vm-attention-curve; 38: the decode spans also timed after 2048-16384 cells in a written
+# KV cache, the decode lines bent there, attnspan.TAIL_PASTS, bench/results/2026-11-28-vm-decode-tails)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -313,6 +314,9 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
             per_token[s["load"]] += s["split_us"] / n_prefill
     est = sum(attnspan.cost_s(us) for us in per_token.values())
     if not per_token or est > SPANS_S:
+        if progress and per_token:
+            print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
+                  "costed node by node, less exact at long contexts".ljust(100), file=sys.stderr, flush=True)
         return []
     if progress:
         print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
