@@ -5,7 +5,7 @@ carries (points, splits, attention spans), the row's workload is costed again wi
 the host, and the errors against the row's measured medians are printed beside the ones the set
 recorded. No model runs.
 
-    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT] [--no-tails]
+    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT]
 
 DIR holds the sets' model files by the names the rows give (`oallama synth` writes the synthetic
 ones again: their shapes, not their weights, are what is costed). Error = predicted / measured - 1.
@@ -17,14 +17,13 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, no_tails: bool = False) -> dict[str, Any]:
+def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path) -> dict[str, Any]:
     from oallama.planner.context import Workload, build_context
     from oallama.planner.cost.calfit import refitted
     from oallama.planner.cost.profile import Profile
@@ -33,9 +32,6 @@ def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, no_tai
     pf = d / "profiles" / f"{row['profile']}.json"
     prof = Profile.from_json(json.loads(pf.read_text()), pf)  # not `load`: a set's build may predate this one
     if prof.calibration is not None:
-        if no_tails:  # method 37: the decode spans after 32 and 1024 cells only
-            spans = [{k: v for k, v in sp.items() if k not in ("tails", "tail_base_us")} for sp in prof.calibration.spans]
-            prof.calibration = replace(prof.calibration, spans=spans)
         prof.calibration = refitted(prof.calibration, prof)
     wl = Workload(prompt=row["prompt"], gen=doc["steps"] + 1, n_ubatch=doc["n_ubatch"],
                   flash_attn=row["flash_attn"], cache_type_k=row["cache_type"], cache_type_v=row["cache_type"])
@@ -62,8 +58,6 @@ def main() -> int:
     ap.add_argument("sets", nargs="+", type=Path)
     ap.add_argument("--models", type=Path, required=True)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-tails", action="store_true",
-                    help="refit without the decode spans after more than 1024 cells (calibration method 37)")
     args = ap.parse_args()
     rows = []
     for d in args.sets:
@@ -72,7 +66,7 @@ def main() -> int:
             print(f"{d}: rows on {doc['accelerator']} left out (host-only rows only)", file=sys.stderr)
             continue
         for row in doc["rows"]:
-            r = _row(d, doc, row, args.models, args.no_tails)
+            r = _row(d, doc, row, args.models)
             rows.append(r)
             print(f"{d.name:18} {r['model'][:24]:24} {r['prompt']:6} fa {r['fa']:3} {r['kv']:5} "
                   + "  ".join(f"{m[:4]} meas {r[m]['measured']:9.2f} rec {r[m]['err_recorded']:+6.1%} "

@@ -40,8 +40,6 @@ PROMPT_TOKENS = 512  # tokens of the prompt pass: llama.cpp's default ubatch (th
 # 1024 cells gives the attention after 3584 22-23% short in 512-token passes, 34-43% in 128-token ones (mid 2L,
 # Llama-3-8B 1L, alternated in one load): bench/results/2026-11-28-vm-attention-curve
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
-TAIL_PASTS = (2048, 4096, 8192, 16384)  # KV cells before the decode pass's further spans, in a cache written from
-# the long one (runtime.kvstate): a decode's attention past 1024 cells grows faster than below, by the cache levels
 
 
 def cost_s(prompt_us_per_token: float) -> float:
@@ -93,31 +91,6 @@ def node_list(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.No
         return list(timed_eval(llm, timer, tokens[:n_past], tokens[n_past:n_past + n], []).nodes)
 
 
-def _tails(llm: Any, tokens: list[int], nodes: Sequence[_core.NodeTime], stops: list[int], reps: int
-           ) -> dict[int, tuple[list[_core.NodeTime], list[list[float]]]]:
-    """The decode pass after LONG_PAST cells, then after each of TAIL_PASTS in a cache written from those
-    (kvstate.widen), then after LONG_PAST again: per past its node list and its runs' stop ranges (us;
-    LONG_PAST's both times). Empty where the cache's state is a layout kvstate does not know."""
-    from ...runtime import kvstate
-
-    llm.reset()
-    llm.eval(tokens[:LONG_PAST])
-    real = kvstate.seq_state(llm)
-    if kvstate.widen(real, LONG_PAST + 1) is None:
-        return {}
-    out: dict[int, tuple[list[_core.NodeTime], list[list[float]]]] = {}
-    for past in (LONG_PAST, *TAIL_PASTS, LONG_PAST):
-        state = real if past == LONG_PAST else kvstate.widen(real, past)
-        assert state is not None
-        kvstate.restore(llm, state, tokens[:past])
-        listed = node_list(llm, tokens, 1, past)
-        if [r.op for r in listed] != [r.op for r in nodes]:
-            raise ProfileError(f"attention spans: the decode pass's graph after {past} cells differs")
-        runs = time_stops(llm, tokens, 1, past, stops, reps)
-        out[past] = (listed, out[past][1] + runs if past in out else runs)
-    return out
-
-
 def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dict[str, Any]]:
     passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
     # node lists, short passes first (the long prefix is filled once, below), and each pass's spans and stops
@@ -130,24 +103,17 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dic
         for n, past in passes:
             if found[n]:
                 times[(n, block)] += time_stops(llm, tokens, n, past if kv is None else kv, stops[n], reps)
-    tails = _tails(llm, tokens, longs[1], stops[1], reps) if found[1] else {}
-    tail_works = {p: works(tails[p][0], 1, p) for p in TAIL_PASTS} if tails else {}
     out = []
     for n, past in passes:
         ws, wl = works(shorts[n], n, past), works(longs[n], n, LONG_PAST)
         for i, (a, b) in enumerate(found[n]):
             col = stops[n].index(b)
-            keep = [k for k in range(a, b + 1) if shorts[n][k].op not in VIEW_OPS]
-            nodes = [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]] for k in keep]
-            span = {"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
-                    "device": shorts[n][b].device, "nodes": nodes,
-                    "short_us": statistics.median(r[col] for r in times[(n, "short")]),
-                    "long_us": statistics.median(r[col] for r in times[(n, "long")])}
-            if n == 1 and tails:
-                span["tail_base_us"] = statistics.median(r[col] for r in tails[LONG_PAST][1])
-                span["tails"] = [{"past": p, "us": statistics.median(r[col] for r in tails[p][1]),
-                                  "works": [tail_works[p][k] for k in keep]} for p in TAIL_PASTS]
-            out.append(span)
+            nodes = [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]] for k in range(a, b + 1)
+                     if shorts[n][k].op not in VIEW_OPS]
+            out.append({"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
+                        "device": shorts[n][b].device, "nodes": nodes,
+                        "short_us": statistics.median(r[col] for r in times[(n, "short")]),
+                        "long_us": statistics.median(r[col] for r in times[(n, "long")])})
     return out
 
 
@@ -169,7 +135,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
     if accs:
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
                                       "op_offload": op_offload}))
-    n_ctx = -(-(max(LONG_PAST + PROMPT_TOKENS, max(TAIL_PASTS)) + 2) // 256) * 256
+    n_ctx = -(-(LONG_PAST + PROMPT_TOKENS + 1) // 256) * 256
     out: list[dict[str, Any]] = []
     for what, kw in loads:
         try:

@@ -90,7 +90,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 38  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 37  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -100,8 +100,8 @@ VERSION = 38  # of the method: part of a calibrated profile's cache key (what ea
 # lines fitted to attention spans left out of the pass-size anchors, `calfit.DeviceCalibration.whole`; 36: a host
 # curve for a prompt's attention past the spans' 1024 cells, removed in 37: it did not improve held-out TTFT; 37: the
 # prompt spans timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS; both
-# bench/results/2026-11-28-vm-attention-curve; 38: the decode spans also timed after 2048-16384 cells in a written
-# KV cache, the decode lines bent there, attnspan.TAIL_PASTS, bench/results/2026-11-28-vm-decode-tails)
+# bench/results/2026-11-28-vm-attention-curve; 38, decode spans after 2048-16384 cells in a written KV cache, was
+# tried and removed before it landed: held out, it made TPOT worse, bench/results/2026-11-28-vm-decode-tails)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
