@@ -22,6 +22,7 @@ import pytest
 from oallama import Llama, _core
 from oallama.errors import ClosedError
 from oallama.planner.context import split_cost, stream_link
+from oallama.planner.cost import attnspan
 from oallama.planner.cost.calfit import (
     SCATTER,
     VEC,
@@ -705,7 +706,7 @@ def test_short_calibrations_keep_each_pass_from_its_median_round(monkeypatch: py
                              alone={"RPC": {(32, 0): 9.0 * k, (1, 32): 0.0}})
 
     monkeypatch.setattr(cal_mod, "_measure_round", once)
-    monkeypatch.setattr(cal_mod, "_spans", lambda *a, **k: [])  # no model to time spans in
+    monkeypatch.setattr(cal_mod, "_spans", lambda *a, **k: attnspan.Timed())  # no model to time spans in
     monkeypatch.setattr(cal_mod, "fit", lambda points, overheads, *a, **kw: Calibration(
         {}, 0.0, 0.0, points=list(points), splits=list(a[1]) if len(a) > 1 else [], decode_us=float(len(overheads))))
     cal = cal_mod.calibrate("m.gguf", [HOST], None, threads=1, progress=False, max_rounds=5)
@@ -807,7 +808,7 @@ def test_a_round_too_long_to_repeat_repeats_its_host_load(monkeypatch: pytest.Mo
                              host_s=host_s[0])
 
     monkeypatch.setattr(cal_mod, "_measure_round", one_round)
-    monkeypatch.setattr(cal_mod, "_spans", lambda *a, **k: [])
+    monkeypatch.setattr(cal_mod, "_spans", lambda *a, **k: attnspan.Timed())
     monkeypatch.setattr(cal_mod, "fit", lambda points, overheads, *a, **kw: Calibration(
         {}, 0.0, 0.0, points=list(points), splits=list(a[1]) if len(a) > 1 else []))
     cal = cal_mod.calibrate("m.gguf", [HOST, "Vulkan0"], None, threads=1, progress=False, max_rounds=5,

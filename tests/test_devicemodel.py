@@ -196,8 +196,9 @@ def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny
     """The spans timed at two KV lengths: per layer and pass (a prompt in the workloads' default ubatch, a
     decode), the run of nodes whose work grows with the cache -- KQ, softmax, KQV; flash attention's one
     node -- found in the real graph, each timed at both lengths, its nodes by the kind they are costed as."""
-    spans = attnspan.measure(tiny_q8, ["CPU"], threads=1, attention=kvcache.llama_kwargs(flash_attn, "f16", "f16"),
+    timed = attnspan.measure(tiny_q8, ["CPU"], threads=1, attention=kvcache.llama_kwargs(flash_attn, "f16", "f16"),
                              reps=1)
+    spans = timed.spans
     n_layer = int(gguf_file.check_model(tiny_q8).hparam("block_count"))
     # a prompt's attention per unit of work depends on its pass size (bench/results/2026-11-28-vm-attention-curve)
     assert planmod.Workload().n_ubatch == attnspan.PROMPT_TOKENS
@@ -210,6 +211,10 @@ def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny
             assert [op for op, _, _ in s["nodes"]] == want and s["device"] == "CPU" and s["load"] == "host"
             assert all(wl > ws for _, ws, wl in s["nodes"])
             assert s["short_us"] > 0 and s["long_us"] > 0
+    # the prompt pass after no cache, also run whole: one split on the host, holding its spans' times
+    (whole,) = timed.whole
+    assert (whole.load, whole.n_tokens, whole.n_past, len(whole.split_us)) == ("host", attnspan.PROMPT_TOKENS, 0, 1)
+    assert whole.split_us[0] > sum(s["short_us"] for s in spans if s["n_tokens"] == attnspan.PROMPT_TOKENS)
 
 
 def test_the_span_factors_recover_known_lines_and_scale_each_pass_kind_s_attention() -> None:
@@ -258,6 +263,15 @@ def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_mode
     assert again == ops
     without = calfit.fit(cal.points, [], ctx.profile, cal.splits, cal.routing).devices["CPU"].ops
     assert f"{calfit.VEC}:1" not in without  # the decode lines come from the spans
+    # the spans' prompt pass, run whole, gives its size (the workloads' ubatch, beyond the loads' sizes) a factor
+    # of its own and touches nothing else
+    assert attnspan.PROMPT_TOKENS in cal.devices["CPU"].anchors
+    assert {p["n_tokens"] for p in cal.points if p.get("anchor_only")} == {attnspan.PROMPT_TOKENS}
+    loads_only = calfit.fit([p for p in cal.points if not p.get("anchor_only")], [], ctx.profile,
+                            [s for s in cal.splits if not s.get("anchor_only")], cal.routing, cal.spans).devices["CPU"]
+    assert attnspan.PROMPT_TOKENS not in loads_only.anchors
+    assert loads_only.ops == ops and loads_only.matmul_scale == cal.devices["CPU"].matmul_scale
+    assert loads_only.anchors == {n: a for n, a in cal.devices["CPU"].anchors.items() if n != attnspan.PROMPT_TOKENS}
     other = synthetic.write_model(tiny_q8.parent / "other-shape.gguf", "mid", "q8_0", n_layer=2, shape_only=True,
                                   progress=False)
     ctx2 = planmod.build_context(other, None, WORKLOAD, threads=1, progress=False)

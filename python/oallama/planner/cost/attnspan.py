@@ -17,7 +17,8 @@ spans' growth and their short times; the per-node overhead is in both lengths' s
 cancels.
 
   measure   the spans of a decode pass and of a prompt pass in a model's host load and, with an
-            accelerator, in its accelerator load
+            accelerator, in its accelerator load; and that prompt pass's splits run whole after no
+            cache, a pass size (the workloads' ubatch) the calibration's loads do not time
   cost_s    what measuring them takes, estimated from a prompt pass's time per token
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,27 @@ PROMPT_TOKENS = 512  # tokens of the prompt pass: llama.cpp's default ubatch (th
 # 1024 cells gives the attention after 3584 22-23% short in 512-token passes, 34-43% in 128-token ones (mid 2L,
 # Llama-3-8B 1L, alternated in one load): bench/results/2026-11-28-vm-attention-curve
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
+
+
+@dataclass
+class WholePass:
+    """A pass timed in the spans' load: its nodes (one node-by-node run) and each split's time run whole
+    (us, median; splits as `split_ends` cuts the nodes)."""
+
+    load: str
+    n_tokens: int
+    n_past: int
+    nodes: list[_core.NodeTime]
+    split_us: list[float]
+
+
+@dataclass
+class Timed:
+    """What `measure` timed: the attention spans (dicts, as calfit.span_factors reads them) and the whole
+    prompt passes."""
+
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    whole: list[WholePass] = field(default_factory=list)
 
 
 def cost_s(prompt_us_per_token: float) -> float:
@@ -91,13 +114,33 @@ def node_list(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.No
         return list(timed_eval(llm, timer, tokens[:n_past], tokens[n_past:n_past + n], []).nodes)
 
 
-def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dict[str, Any]]:
+def split_ends(nodes: Sequence[_core.NodeTime]) -> list[int]:
+    """Positions of the last node before each change of device, and of the last node."""
+    return [k for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
+
+
+def _whole(nodes: Sequence[_core.NodeTime], stops: list[int], runs: Sequence[Sequence[float]]) -> list[float]:
+    """Per split of a pass (its nodes, `split_ends`), the median over `runs` (each stop's range, us) of
+    its stops' ranges summed: the split's time run whole (ranges start where the last one stopped)."""
+    out, first = [], -1
+    for end in split_ends(nodes):
+        cols = [i for i, k in enumerate(stops) if first < k <= end]
+        out.append(statistics.median(sum(r[i] for i in cols) for r in runs))
+        first = end
+    return out
+
+
+def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> Timed:
     passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
     # node lists, short passes first (the long prefix is filled once, below), and each pass's spans and stops
     shorts = {n: node_list(llm, tokens, n, past) for n, past in passes}
     longs = {n: node_list(llm, tokens, n, LONG_PAST) for n, _ in passes}
     found = {n: spans(shorts[n], longs[n], n, past, LONG_PAST) for n, past in passes}
     stops = {n: sorted({k for a, b in sp for k in (a - 1, b)}) for n, sp in found.items()}
+    # the prompt pass also stops at its splits' ends: its splits' times run whole, a pass size the calibration's
+    # own loads do not reach (they time 32-128 tokens; the workloads' passes are 512)
+    inside = {k for a, b in found[PROMPT_TOKENS] for k in range(a, b)}  # a span is timed as one range
+    stops[PROMPT_TOKENS] = sorted({*stops[PROMPT_TOKENS], *(set(split_ends(shorts[PROMPT_TOKENS])) - inside)})
     times: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
     for block, kv in (("short", None), ("long", LONG_PAST), ("short", None)):
         for n, past in passes:
@@ -114,15 +157,20 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> list[dic
                         "device": shorts[n][b].device, "nodes": nodes,
                         "short_us": statistics.median(r[col] for r in times[(n, "short")]),
                         "long_us": statistics.median(r[col] for r in times[(n, "long")])})
-    return out
+    whole = []
+    if found[PROMPT_TOKENS]:
+        n = PROMPT_TOKENS
+        whole.append(WholePass(what, n, 0, shorts[n], _whole(shorts[n], stops[n], times[(n, "short")])))
+    return Timed(out, whole)
 
 
 def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: bool = True,
-            op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> list[dict[str, Any]]:
+            op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> Timed:
     """The attention spans of the model at `path` in a decode pass and a prompt
     pass after a short and a long KV cache: its host load and, with an accelerator (devices: the CPU
     first), the load with every layer that fits on it. Per span: its load, pass, device, non-view
-    nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us)."""
+    nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us); and per
+    load, the prompt pass after no cache: its nodes and its splits' times run whole."""
     from ...model import gguf_file
     from ...runtime import devices as devmod
     from ...runtime.generate import prompt_tokens
@@ -136,7 +184,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
                                       "op_offload": op_offload}))
     n_ctx = -(-(LONG_PAST + PROMPT_TOKENS + 1) // 256) * 256
-    out: list[dict[str, Any]] = []
+    out = Timed([], [])
     for what, kw in loads:
         try:
             llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=PROMPT_TOKENS,
@@ -145,7 +193,9 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"attention spans: could not load {path} ({what} load): {e}") from None
         try:
-            out += _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps)
+            got = _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps)
+            out.spans += got.spans
+            out.whole += got.whole
         finally:
             llm.close()
     return out

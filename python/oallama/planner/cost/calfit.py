@@ -319,7 +319,12 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
     a split, give the totals: a device's fitted costs are scaled so that they sum to its measured
     split times (`anchor`), so a machine whose synchronisations are slow (a busy one) cannot shift
     the totals, only the shares."""
-    splits = list(splits)
+    # passes timed whole only to fix their size's anchor (calibrate._whole_passes: one node-by-node run, a
+    # span's stops inside) enter no line, no node overhead and no synchronisation test
+    anchor_pts = [p for p in points if p.get("anchor_only")]
+    anchor_splits = [s for s in splits if s.get("anchor_only")]
+    points = [p for p in points if not p.get("anchor_only")]
+    splits = [s for s in splits if not s.get("anchor_only")]
     by_dev: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_dev[p["device"]].append(p)
@@ -358,14 +363,16 @@ def fit(points: Sequence[dict[str, Any]], overheads: Sequence[tuple[int, float]]
         # a pass kind whose node times were mostly synchronisation keeps its span lines anchored (`_anchored`)
         own = {pass_kind(n) for n in sync_bound(dev_splits)}
         dc.whole = sorted(k for k in spanned if pass_kind(1 if k.endswith(":1") else None) not in own)
-        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing)
+        devs[dev] = _anchored(dc, dev, pts, dev_splits, view_us, profile, routing,
+                              [p for p in anchor_pts if p["device"] == dev],
+                              [s for s in anchor_splits if s["device"] == dev])
     # outside the graph: a decode pass reuses its predecessor's graph, a prompt pass builds its own
     # (one line through both put 21 us a token on a small MoE's prompt: 3.7 ms at 128 tokens, sampling
     # included, where 32- and 128-token passes timed give 2.0 ms; bench/results/2026-11-23-vm-method14)
     decode = [us for n, us in overheads if n == 1]
     prompt = [(n, us) for n, us in overheads if n > 1]
     a, b = line(prompt or overheads)
-    return Calibration(devs, a, b, points=list(points), splits=splits, routing=routing,
+    return Calibration(devs, a, b, points=points + anchor_pts, splits=splits + anchor_splits, routing=routing,
                        decode_us=statistics.median(decode) if decode and prompt else None, spans=list(spans))
 
 
@@ -380,9 +387,18 @@ def refitted(cal: Calibration, profile: Any) -> Calibration:
 
 
 def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], splits: Sequence[dict[str, Any]],
-              view_us: float, profile: Any, routing: Routing | None = None) -> DeviceCalibration:
-    """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times."""
+              view_us: float, profile: Any, routing: Routing | None = None, anchor_pts: Sequence[dict[str, Any]] = (),
+              anchor_splits: Sequence[dict[str, Any]] = ()) -> DeviceCalibration:
+    """`dc` scaled so that its costs of the timed splits' nodes sum to their measured times; anchor_pts,
+    anchor_splits: passes that fix their own size's factor only, not the device's `anchor`."""
     key = ("load", "n_tokens", "n_past", "split")
+    own = sync_bound(splits)
+    timed = {int(s["n_tokens"]) for s in splits}  # a size the loads timed keeps their factor
+    anchor_splits = [s for s in anchor_splits if int(s["n_tokens"]) not in timed]
+    anchor_pts = [p for p in anchor_pts if int(p["n_tokens"]) not in timed]
+    extra = {tuple(s.get(k) for k in key) for s in anchor_splits}
+    pts = [*pts, *anchor_pts]
+    splits = [*splits, *anchor_splits]
     measured = {tuple(s.get(k) for k in key): s["split_us"] - view_us for s in splits}
     # A node whose line was fitted to spans timed whole (`dc.whole`) costs its run time already: that time is taken
     # out of the measured split and the anchors scale the rest. Anchored with them, a decode anchor of 0.36 (its
@@ -393,7 +409,6 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     # lines' intercepts with it, so they are not `whole` and only the anchor taken with their own lines makes the
     # timed pass cost what it measured (the mid model's decode with every layer on a loopback rpc-server: 2.35-4.19
     # ms over six calibrations, 4.00 measured; 3.67-4.23 so; bench/results/2026-11-26-vm-rpc-decode-anchor).
-    own = sync_bound(splits)
     modelled: dict[tuple, float] = defaultdict(float)
     for p in pts:
         k = tuple(p.get(f) for f in key)
@@ -408,8 +423,8 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
             measured[k] -= dc.ops[line].time_us(p["work"])
         else:
             modelled[k] += dc.node_time_us(op, p["work"], n if n in own else None)
-    total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled)
-    total_f = sum(modelled.values())
+    total_m = sum(max(v, 0.0) for k, v in measured.items() if k in modelled and k not in extra)
+    total_f = sum(v for k, v in modelled.items() if k not in extra)
     if total_m <= 0 or total_f <= 0:
         return dc
     r = total_m / total_f

@@ -90,7 +90,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 37  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 39  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -101,7 +101,9 @@ VERSION = 37  # of the method: part of a calibrated profile's cache key (what ea
 # curve for a prompt's attention past the spans' 1024 cells, removed in 37: it did not improve held-out TTFT; 37: the
 # prompt spans timed in 512-token passes, llama.cpp's default ubatch, attnspan.PROMPT_TOKENS; both
 # bench/results/2026-11-28-vm-attention-curve; 38, decode spans after 2048-16384 cells in a written KV cache, was
-# tried and removed before it landed: held out, it made TPOT worse, bench/results/2026-11-28-vm-decode-tails)
+# tried and removed before it landed: held out, it made TPOT worse, bench/results/2026-11-28-vm-decode-tails; 39: the
+# spans' 512-token prompt pass also run whole, its size's anchor (`_whole_passes`),
+# bench/results/2026-11-28-vm-ubatch-anchor)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -113,11 +115,6 @@ BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its p
 
 
 # --- measuring ------------------------------------------------------------------------------
-
-
-def _split_stops(nodes: Sequence[_core.NodeTime]) -> list[int]:
-    """Positions of the last node before each change of device (and the last node)."""
-    return [r.index for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
 
 
 def _spread(runs: Sequence[Run]) -> float:
@@ -162,7 +159,7 @@ class _Load:
             timed_eval(llm, timer, prefix, self.batch(n, n_past, 0), [], outputs)  # warm-up (graph build, allocation)
             runs = [timed_eval(llm, timer, prefix, self.batch(n, n_past, k), [], outputs)
                     for k in range(1, self.reps + 1)]
-            stops = _split_stops(runs[0].nodes)
+            stops = attnspan.split_ends(runs[0].nodes)
             # split mode: the same run as without a timer but for the stops; the eval's time
             # outside the graph, paired within each run (so a noisy machine mostly cancels)
             first = self.reps + 1
@@ -191,7 +188,7 @@ class _Load:
         llm, toks = self.llm, self.tokens
         prefix = toks[:n_past]
         with _core.NodeTimer(llm.native_context) as timer:
-            stops = _split_stops(timed_eval(llm, timer, prefix, self.batch(n, n_past, 0), []).nodes)  # also warm-up
+            stops = attnspan.split_ends(timed_eval(llm, timer, prefix, self.batch(n, n_past, 0), []).nodes)  # also warm-up
             split = [timed_eval(llm, timer, prefix, self.batch(n, n_past, k), stops) for k in range(1, self.reps + 1)]
         return statistics.median(max(r.wall_us - _span_us(r.nodes), 0.0) for r in split)
 
@@ -219,23 +216,57 @@ def _node_points(load: _Load, layers: AttentionLayers | None = None) -> list[dic
     k-th of a pass is layer layers.order[k]'s, where the counts agree)."""
     out = []
     for (n, n_past), runs in load.node_runs.items():
-        fa = [k for k, r in enumerate(runs[0].nodes) if r.op == "FLASH_ATTN_EXT"]
-        layer_at = dict(zip(fa, layers.order, strict=True)) if layers and len(fa) == len(layers.order) else {}
-        for k, r in enumerate(runs[0].nodes):
-            us = statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
-            cells = n_past + (n + 1) / 2  # the mean token's
-            if layers is not None and k in layer_at:
-                cells = layers.cells(layer_at[k], cells)
-            w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=cells)
-            # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
-            cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
-            out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": load.split_of.get((n, n_past, k)),
-                        "name": r.name, "op": r.op, "kind": kind(r.op, r.ne), "device": r.device,
-                        "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
-                        # MUL_MAT_ID: experts per token (ne[0] of its ids, the third source)
-                        "n_expert_used": r.src_ne[2][0] if r.op == "MUL_MAT_ID" and len(r.src_ne) > 2 else 0,
-                        "work": w, "us": us})
+        us = [statistics.median(run.nodes[k].range_us for run in runs if k < len(run.nodes))
+              for k in range(len(runs[0].nodes))]
+        split = [load.split_of.get((n, n_past, k)) for k in range(len(runs[0].nodes))]
+        out += _pass_points(runs[0].nodes, n, n_past, us, split, layers)
     return out
+
+
+def _pass_points(nodes: Sequence[_core.NodeTime], n: int, n_past: int, us: Sequence[float],
+                 split: Sequence[int | None], layers: AttentionLayers | None) -> list[dict[str, Any]]:
+    """A pass's nodes as the fits read them; us, split: each node's time (node mode) and split."""
+    fa = [k for k, r in enumerate(nodes) if r.op == "FLASH_ATTN_EXT"]
+    layer_at = dict(zip(fa, layers.order, strict=True)) if layers and len(fa) == len(layers.order) else {}
+    out = []
+    for k, r in enumerate(nodes):
+        cells = n_past + (n + 1) / 2  # the mean token's
+        if layers is not None and k in layer_at:
+            cells = layers.cells(layer_at[k], cells)
+        w = work(r.op, r.ne, r.nbytes, r.src_ne, r.src_bytes, attended=cells)
+        # the columns a weight matmul multiplies (the logits' matmul runs on the last token only)
+        cols = r.ne[2] if r.op == "MUL_MAT_ID" else r.ne[1] * r.ne[2] * r.ne[3]
+        out.append({"n_tokens": n, "n_past": n_past, "cols": cols, "split": split[k],
+                    "name": r.name, "op": r.op, "kind": kind(r.op, r.ne), "device": r.device,
+                    "weight_type": r.weight_type, "src0_ne": list(r.src_ne[0]) if r.src_ne else [],
+                    # MUL_MAT_ID: experts per token (ne[0] of its ids, the third source)
+                    "n_expert_used": r.src_ne[2][0] if r.op == "MUL_MAT_ID" and len(r.src_ne) > 2 else 0,
+                    "work": w, "us": us[k]})
+    return out
+
+
+def _whole_passes(timed: Sequence[attnspan.WholePass], layers: AttentionLayers | None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The spans' whole prompt passes as points and splits marked `anchor_only` (calfit.fit: they fix their
+    pass size's anchor and enter no line): a 512-token pass otherwise took the largest timed size's factor
+    (128 tokens), on QwQ-32B 1L 0.72 where 512 tokens ran 1.48x the prediction
+    (bench/results/2026-11-28-vm-decode-tails)."""
+    points: list[dict[str, Any]] = []
+    splits: list[dict[str, Any]] = []
+    for w in timed:
+        ends = attnspan.split_ends(w.nodes)
+        of = [next(i for i, e in enumerate(ends) if k <= e) for k in range(len(w.nodes))]
+        us = [r.range_us for r in w.nodes]
+        points += [{**p, "load": w.load, "anchor_only": True}
+                   for p in _pass_points(w.nodes, w.n_tokens, w.n_past, us, of, layers)]
+        first = 0
+        for i, end in enumerate(ends):
+            ops = [k for k in range(first, end + 1) if w.nodes[k].op not in VIEW_OPS]
+            splits.append({"n_tokens": w.n_tokens, "n_past": w.n_past, "split": i, "device": w.nodes[end].device,
+                           "n_ops": len(ops), "n_views": end + 1 - first - len(ops), "split_us": w.split_us[i],
+                           "ops_us": sum(us[k] for k in ops), "load": w.load, "anchor_only": True})
+            first = end + 1
+    return points, splits
 
 
 def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads: int, n_prefill: int = 32,
@@ -287,9 +318,11 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
                                      attention=attention, layers=layers, decode=decode))
         spent_host += time.perf_counter() - t1
     m = merge_rounds(rounds)
-    spans = _spans(path, devices, m.splits, threads=threads, n_prefill=n_prefill, mmap=mmap, op_offload=op_offload,
+    timed = _spans(path, devices, m.splits, threads=threads, n_prefill=n_prefill, mmap=mmap, op_offload=op_offload,
                    attention=attention, progress=progress)
-    cal = fit(m.points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits, m.routing, spans)
+    points, splits = _whole_passes(timed.whole, layers)
+    cal = fit(m.points + points, [(n, us) for (n, _), us in m.outside.items()], profile, m.splits + splits, m.routing,
+              timed.spans)
     cal.detached, cal.stream, cal.scatter, cal.layouts = _detached_on(m), m.stream, m.scatter, m.layouts
     cal.rounds_outside = [{f"{n},{past}": us for (n, past), us in sorted(r.outside.items())} for r in rounds]
     cal.rounds_detached = [dict(r.detached) for r in rounds]
@@ -303,7 +336,7 @@ def calibrate(path: str | Path, devices: Sequence[str], profile: Any, *, threads
 
 
 def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, Any]], *, threads: int, n_prefill: int,
-           mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> list[dict[str, Any]]:
+           mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> attnspan.Timed:
     """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
     timed prompt passes' time per token says (its prompt spans in 512-token passes, at 1 thread on this VM:
     a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes:
@@ -317,7 +350,7 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
         if progress and per_token:
             print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
                   "costed node by node, less exact at long contexts".ljust(100), file=sys.stderr, flush=True)
-        return []
+        return attnspan.Timed()
     if progress:
         print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
               f"(about {est:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
