@@ -211,6 +211,13 @@ def test_attention_spans_are_each_layer_s_nodes_that_grow_with_the_kv_cache(tiny
             assert [op for op, _, _ in s["nodes"]] == want and s["device"] == "CPU" and s["load"] == "host"
             assert all(wl > ws for _, ws, wl in s["nodes"])
             assert s["short_us"] > 0 and s["long_us"] > 0
+            # a prompt's spans also after a longer cache, written (runtime.kvstate): more work per node, timed
+            if n == 1:
+                assert "tails" not in s
+            else:
+                (t,) = s["tails"]
+                assert t["past"] == attnspan.PROMPT_TAIL and t["us"] > 0 and s["tail_base_us"] > 0
+                assert all(w > wl for w, (_, _, wl) in zip(t["works"], s["nodes"], strict=True))
     # the prompt pass after no cache, also run whole: one split on the host, holding its spans' times
     (whole,) = timed.whole
     assert (whole.load, whole.n_tokens, whole.n_past, len(whole.split_us)) == ("host", attnspan.PROMPT_TOKENS, 0, 1)
@@ -258,6 +265,10 @@ def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_mode
     assert cal is not None and cal.spans and {s["n_tokens"] for s in cal.spans} == {1, attnspan.PROMPT_TOKENS}
     ops = cal.devices["CPU"].ops
     assert f"{calfit.VEC}:1" in ops and "SOFT_MAX:1" in ops
+    # the prompt attention bends where the long spans' work ends, toward the spans after PROMPT_TAIL cells
+    bent = {op for op, f in ops.items() if f.knots}
+    assert bent == {k for sp in cal.spans if sp["n_tokens"] == attnspan.PROMPT_TOKENS for k, _, _ in sp["nodes"]}
+    assert all(len(ops[op].knots) == 1 and ops[op].b_us + ops[op].knots[0][1] > 0 for op in bent)
     again = calfit.refitted(cal, ctx.profile).devices["CPU"].ops
     # the same lines: the stored profile takes the launch the fit saw (Profile.launch_us)
     assert again == ops

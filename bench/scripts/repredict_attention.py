@@ -5,7 +5,7 @@ carries (points, splits, attention spans), the row's workload is costed again wi
 the host, and the errors against the row's measured medians are printed beside the ones the set
 recorded. No model runs.
 
-    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT] [--loads-only]
+    python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT] [--loads-only] [--no-tails]
 
 DIR holds the sets' model files by the names the rows give (`oallama synth` writes the synthetic
 ones again: their shapes, not their weights, are what is costed). Error = predicted / measured - 1.
@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 
-def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, loads_only: bool) -> dict[str, Any]:
+def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, loads_only: bool,
+         no_tails: bool) -> dict[str, Any]:
     from oallama.planner.context import Workload, build_context
     from oallama.planner.cost.calfit import refitted
     from oallama.planner.cost.profile import Profile
@@ -37,6 +38,9 @@ def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, loads_
         if loads_only:  # method 37: no pass size anchored by the spans' whole prompt pass
             cal = replace(cal, points=[p for p in cal.points if not p.get("anchor_only")],
                           splits=[s for s in cal.splits if not s.get("anchor_only")])
+        if no_tails:  # method 39: the prompt spans after 0 and 1024 cells only
+            cal = replace(cal, spans=[{k: v for k, v in sp.items() if k not in ("tails", "tail_base_us")}
+                                      for sp in cal.spans])
         prof.calibration = refitted(cal, prof)
     wl = Workload(prompt=row["prompt"], gen=doc["steps"] + 1, n_ubatch=doc["n_ubatch"],
                   flash_attn=row["flash_attn"], cache_type_k=row["cache_type"], cache_type_v=row["cache_type"])
@@ -65,6 +69,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--loads-only", action="store_true",
                     help="leave out the passes timed whole only for their size's anchor (calibration method 37)")
+    ap.add_argument("--no-tails", action="store_true",
+                    help="refit without the prompt spans after more than 1024 cells (calibration method 39)")
     args = ap.parse_args()
     rows = []
     for d in args.sets:
@@ -73,7 +79,7 @@ def main() -> int:
             print(f"{d}: rows on {doc['accelerator']} left out (host-only rows only)", file=sys.stderr)
             continue
         for row in doc["rows"]:
-            r = _row(d, doc, row, args.models, args.loads_only)
+            r = _row(d, doc, row, args.models, args.loads_only, args.no_tails)
             rows.append(r)
             print(f"{d.name:18} {r['model'][:24]:24} {r['prompt']:6} fa {r['fa']:3} {r['kv']:5} "
                   + "  ".join(f"{m[:4]} meas {r[m]['measured']:9.2f} rec {r[m]['err_recorded']:+6.1%} "

@@ -6,9 +6,10 @@ thread: about 38 s); writing them costs a copy. `widen` takes sequence 0's state
 (`llama_state_seq_get_data`: a header, then llama_kv_cache::state_write) and repeats its cells up to N at
 positions 0..N-1; `restore` puts it back (`llama_state_seq_set_data`) and lets generation continue after
 them. Timed after a computed and a written cache, alternated, the same passes agree within the VM's
-noise (bench/results/2026-11-28-vm-kv-written; bench/scripts/bench_kvsynth.py). A calibration that timed
-decode spans after 2048-16384 written cells and bent the decode lines through them made held-out TPOT
-worse, so no calibration uses it yet (bench/results/2026-11-28-vm-decode-tails).
+noise (bench/results/2026-11-28-vm-kv-written; bench/scripts/bench_kvsynth.py). The calibration times its
+prompt spans after 3072 written cells (planner.cost.attnspan.PROMPT_TAIL); decode spans after 2048-16384
+written cells, with the decode lines bent through them, made held-out TPOT worse and are not timed
+(bench/results/2026-11-28-vm-decode-tails).
 
     state = kvstate.seq_state(llm)              # after llm.eval(tokens[:1024])
     wide = kvstate.widen(state, 8192)           # None: a cache this does not know (SWA, recurrent)

@@ -17,8 +17,9 @@ spans' growth and their short times; the per-node overhead is in both lengths' s
 cancels.
 
   measure   the spans of a decode pass and of a prompt pass in a model's host load and, with an
-            accelerator, in its accelerator load; and that prompt pass's splits run whole after no
-            cache, a pass size (the workloads' ubatch) the calibration's loads do not time
+            accelerator, in its accelerator load; the prompt pass's spans also after PROMPT_TAIL cells
+            written (runtime.kvstate); and that prompt pass's splits run whole after no cache, a pass
+            size (the workloads' ubatch) the calibration's loads do not time
   cost_s    what measuring them takes, estimated from a prompt pass's time per token
 """
 
@@ -42,6 +43,8 @@ PROMPT_TOKENS = 512  # tokens of the prompt pass: llama.cpp's default ubatch (th
 # 1024 cells gives the attention after 3584 22-23% short in 512-token passes, 34-43% in 128-token ones (mid 2L,
 # Llama-3-8B 1L, alternated in one load): bench/results/2026-11-28-vm-attention-curve
 REPS = 5  # timed runs of each pass, each length, each of the short-long-short blocks
+PROMPT_TAIL = 3072  # KV cells before the prompt pass's further spans, in a cache written from the long one
+# (runtime.kvstate): the prompt lines bend at the long pass's work to pass through them (calfit.span_lines)
 
 
 @dataclass
@@ -66,8 +69,15 @@ class Timed:
 
 
 def cost_s(prompt_us_per_token: float) -> float:
-    """Seconds `measure` takes in one load, about: the long prefix filled twice and each block's passes."""
+    """Seconds `measure` takes in one load without tails, about: the long prefix filled twice and each
+    block's passes."""
     return prompt_us_per_token / 1e6 * (2 * LONG_PAST + 3 * REPS * (PROMPT_TOKENS + 1))
+
+
+def tail_cost_s(prompt_us_per_token: float) -> float:
+    """Seconds the prompt tail adds, about: the long prefix filled again, a long block and a tail block (its
+    passes' attention up to PROMPT_TAIL / LONG_PAST times the long ones': counted twice)."""
+    return prompt_us_per_token / 1e6 * (LONG_PAST + 3 * REPS * PROMPT_TOKENS)
 
 
 def works(nodes: Sequence[_core.NodeTime], n_tokens: int, n_past: int) -> list[float]:
@@ -114,6 +124,30 @@ def node_list(llm: Any, tokens: list[int], n: int, n_past: int) -> list[_core.No
         return list(timed_eval(llm, timer, tokens[:n_past], tokens[n_past:n_past + n], []).nodes)
 
 
+def _tails(llm: Any, tokens: list[int], n: int, nodes: Sequence[_core.NodeTime], stops: list[int], reps: int
+           ) -> dict[int, tuple[list[_core.NodeTime], list[list[float]]]]:
+    """The n-token pass after LONG_PAST cells, then after PROMPT_TAIL in a cache written from those
+    (kvstate.widen), then after LONG_PAST again: per past its node list and its runs' stop ranges (us;
+    LONG_PAST's both times). Empty where the cache's state is a layout kvstate does not know."""
+    from ...runtime import kvstate
+
+    llm.reset()
+    llm.eval(tokens[:LONG_PAST])
+    real = kvstate.seq_state(llm)
+    wide = kvstate.widen(real, PROMPT_TAIL)
+    if wide is None:
+        return {}
+    out: dict[int, tuple[list[_core.NodeTime], list[list[float]]]] = {}
+    for past in (LONG_PAST, PROMPT_TAIL, LONG_PAST):
+        kvstate.restore(llm, real if past == LONG_PAST else wide, tokens[:past])
+        listed = node_list(llm, tokens, n, past)
+        if [r.op for r in listed] != [r.op for r in nodes]:
+            raise ProfileError(f"attention spans: the {n}-token pass's graph after {past} cells differs")
+        runs = time_stops(llm, tokens, n, past, stops, reps)
+        out[past] = (listed, out[past][1] + runs if past in out else runs)
+    return out
+
+
 def split_ends(nodes: Sequence[_core.NodeTime]) -> list[int]:
     """Positions of the last node before each change of device, and of the last node."""
     return [k for k, r in enumerate(nodes) if k == len(nodes) - 1 or nodes[k + 1].device != r.device]
@@ -130,7 +164,7 @@ def _whole(nodes: Sequence[_core.NodeTime], stops: list[int], runs: Sequence[Seq
     return out
 
 
-def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> Timed:
+def _measure_load(llm: Any, tokens: list[int], what: str, reps: int, tails: bool) -> Timed:
     passes = [(PROMPT_TOKENS, 0), (1, SHORT_DECODE_PAST)]
     # node lists, short passes first (the long prefix is filled once, below), and each pass's spans and stops
     shorts = {n: node_list(llm, tokens, n, past) for n, past in passes}
@@ -146,17 +180,25 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> Timed:
         for n, past in passes:
             if found[n]:
                 times[(n, block)] += time_stops(llm, tokens, n, past if kv is None else kv, stops[n], reps)
+    n = PROMPT_TOKENS
+    tail = _tails(llm, tokens, n, longs[n], stops[n], reps) if tails and found[n] else {}
+    tail_works = works(tail[PROMPT_TAIL][0], n, PROMPT_TAIL) if tail else []
     out = []
     for n, past in passes:
         ws, wl = works(shorts[n], n, past), works(longs[n], n, LONG_PAST)
         for i, (a, b) in enumerate(found[n]):
             col = stops[n].index(b)
-            nodes = [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]] for k in range(a, b + 1)
-                     if shorts[n][k].op not in VIEW_OPS]
-            out.append({"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
-                        "device": shorts[n][b].device, "nodes": nodes,
-                        "short_us": statistics.median(r[col] for r in times[(n, "short")]),
-                        "long_us": statistics.median(r[col] for r in times[(n, "long")])})
+            keep = [k for k in range(a, b + 1) if shorts[n][k].op not in VIEW_OPS]
+            span = {"load": what, "n_tokens": n, "short_past": past, "long_past": LONG_PAST, "span": i,
+                    "device": shorts[n][b].device, "nodes": [[kind(shorts[n][k].op, shorts[n][k].ne), ws[k], wl[k]]
+                                                             for k in keep],
+                    "short_us": statistics.median(r[col] for r in times[(n, "short")]),
+                    "long_us": statistics.median(r[col] for r in times[(n, "long")])}
+            if n == PROMPT_TOKENS and tail:  # the tail's block against the long passes around it (calfit._span_tails)
+                span["tail_base_us"] = statistics.median(r[col] for r in tail[LONG_PAST][1])
+                span["tails"] = [{"past": PROMPT_TAIL, "us": statistics.median(r[col] for r in tail[PROMPT_TAIL][1]),
+                                  "works": [tail_works[k] for k in keep]}]
+            out.append(span)
     whole = []
     if found[PROMPT_TOKENS]:
         n = PROMPT_TOKENS
@@ -165,12 +207,13 @@ def _measure_load(llm: Any, tokens: list[int], what: str, reps: int) -> Timed:
 
 
 def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: bool = True,
-            op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> Timed:
+            op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS, tails: bool = True) -> Timed:
     """The attention spans of the model at `path` in a decode pass and a prompt
     pass after a short and a long KV cache: its host load and, with an accelerator (devices: the CPU
     first), the load with every layer that fits on it. Per span: its load, pass, device, non-view
     nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us); and per
-    load, the prompt pass after no cache: its nodes and its splits' times run whole."""
+    load, the prompt pass after no cache: its nodes and its splits' times run whole. tails: the prompt spans
+    also after PROMPT_TAIL cells (a span's "tails", "tail_base_us"), where kvstate can write its cache."""
     from ...model import gguf_file
     from ...runtime import devices as devmod
     from ...runtime.generate import prompt_tokens
@@ -183,7 +226,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
     if accs:
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
                                       "op_offload": op_offload}))
-    n_ctx = -(-(LONG_PAST + PROMPT_TOKENS + 1) // 256) * 256
+    n_ctx = -(-((PROMPT_TAIL if tails else LONG_PAST) + PROMPT_TOKENS + 1) // 256) * 256
     out = Timed([], [])
     for what, kw in loads:
         try:
@@ -193,7 +236,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"attention spans: could not load {path} ({what} load): {e}") from None
         try:
-            got = _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps)
+            got = _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps, tails)
             out.spans += got.spans
             out.whole += got.whole
         finally:

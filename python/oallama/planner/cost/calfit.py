@@ -120,15 +120,18 @@ def op_key(op: str, n_tokens: int | None) -> str:
 
 @dataclass
 class OpFit:
-    """us = a_us + b_us * work, fitted on n nodes (max relative residual kept for the record)."""
+    """us = a_us + b_us * work, fitted on n nodes (max relative residual kept for the record); past each
+    knot's work the slope changes by its us per unit of work (a prompt's attention past 1024 cells,
+    `span_factors`' tails)."""
 
     a_us: float
     b_us: float
     n: int
     max_rel_err: float = 0.0
+    knots: list[tuple[float, float]] = field(default_factory=list)  # (work, slope change, us per unit of work)
 
     def time_us(self, w: float) -> float:
-        return self.a_us + self.b_us * w
+        return self.a_us + self.b_us * w + sum(d * (w - k) for k, d in self.knots if w > k)
 
     @staticmethod
     def fit(points: Sequence[tuple[float, float]]) -> OpFit:
@@ -428,7 +431,8 @@ def _anchored(dc: DeviceCalibration, dev: str, pts: Sequence[dict[str, Any]], sp
     if total_m <= 0 or total_f <= 0:
         return dc
     r = total_m / total_f
-    ops = {op: f if op in dc.whole else OpFit(f.a_us * r, f.b_us * r, f.n, f.max_rel_err) for op, f in dc.ops.items()}
+    ops = {op: f if op in dc.whole else replace(f, a_us=f.a_us * r, b_us=f.b_us * r,
+                                                knots=[(k, d * r) for k, d in f.knots]) for op, f in dc.ops.items()}
     # then per pass size: its splits' measured total over its (globally scaled) modelled total
     by_n: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for k, v in modelled.items():
@@ -493,8 +497,37 @@ def span_factors(devs: Mapping[str, DeviceCalibration], spans: Sequence[Mapping[
         if m > 0 and f > 0:
             ks = kinds[(dev, pk)]
             out[dev][pk] = {"factor": m / f, "kinds": sorted(ks), "measured_us": m, "modelled_us": f,
-                            "intercept": _span_intercept(devs[dev], spans, dev, pk, m / f, ks)}
+                            "intercept": _span_intercept(devs[dev], spans, dev, pk, m / f, ks),
+                            "tails": _span_tails(devs[dev], spans, dev, pk, m / f)}
     return dict(out)
+
+
+def _span_tails(dc: DeviceCalibration, spans: Sequence[Mapping[str, Any]], dev: str, pk: str,
+                factor: float) -> list[dict[str, Any]]:
+    """Per segment between the long KV cache and each longer one the spans were timed after (a prompt
+    pass's, attnspan.PROMPT_TAIL), its measured growth over the growth the slopes (scaled by `factor`)
+    give: "ratio", and each kind's work where the segment starts ("from": kind -> work, the median over
+    the spans' nodes). A 512-token pass's attention past 1024 cells grows about 1.4x faster per unit of work
+    than below (this VM's CPU, `mid` 2L and Llama-3-8B 1L: the line through 0 and 1024 cells 22-23% short
+    after 3584; bench/results/2026-11-28-vm-attention-curve)."""
+    segs: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # past -> measured, modelled growth (us)
+    starts: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in spans:
+        if s["device"] != dev or pass_kind(s["n_tokens"]) != pk or not s.get("tails"):
+            continue
+        n = int(s["n_tokens"])
+        prev_us, prev_w = float(s["tail_base_us"]), [wl for _, _, wl in s["nodes"]]
+        for t in sorted(s["tails"], key=lambda t: t["past"]):
+            seg = segs[int(t["past"])]
+            seg[0] += t["us"] - prev_us
+            for (op, _, _), w0, w1 in zip(s["nodes"], prev_w, t["works"], strict=True):
+                if w1 > w0:  # as span_factors models the growth, slopes scaled by `factor`
+                    seg[1] += factor * (dc.node_time_us(op, w1, n) - dc.node_time_us(op, w0, n))
+                    starts[int(t["past"])][op].append(w0)
+            prev_us, prev_w = t["us"], t["works"]
+    return [{"past": p, "ratio": max(m / f, 0.0), "measured_us": m, "modelled_us": f,
+             "from": {op: statistics.median(ws) for op, ws in starts[p].items()}}
+            for p, (m, f) in sorted(segs.items()) if f > 0]
 
 
 def _span_intercept(dc: DeviceCalibration, spans: Sequence[Mapping[str, Any]], dev: str, pk: str, factor: float,
@@ -528,8 +561,12 @@ def span_lines(dc: DeviceCalibration, by_kind: Mapping[str, Mapping[str, Any]]) 
         for op in a["kinds"] if a else ():
             base = dc.line(op, 1 if pk == "1" else None)
             if base is not None:
-                out[f"{op}:1" if pk == "1" else op] = replace(base, a_us=base.a_us * float(a["intercept"]),
-                                                              b_us=base.b_us * float(a["factor"]))
+                b = base.b_us * float(a["factor"])
+                tails = [t for t in a.get("tails", ()) if op in t["from"]]
+                ratios = [1.0] + [float(t["ratio"]) for t in tails]  # each segment's slope over the first's
+                knots = [(float(t["from"][op]), b * (r - r0)) for t, r0, r in zip(tails, ratios[:-1], ratios[1:], strict=True)]
+                out[f"{op}:1" if pk == "1" else op] = replace(base, a_us=base.a_us * float(a["intercept"]), b_us=b,
+                                                              knots=knots)
         if pk == "1":
             dc = replace(dc, ops={**dc.ops, **out})
     return out

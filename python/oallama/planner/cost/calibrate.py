@@ -90,7 +90,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 39  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 40  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -103,7 +103,8 @@ VERSION = 39  # of the method: part of a calibrated profile's cache key (what ea
 # bench/results/2026-11-28-vm-attention-curve; 38, decode spans after 2048-16384 cells in a written KV cache, was
 # tried and removed before it landed: held out, it made TPOT worse, bench/results/2026-11-28-vm-decode-tails; 39: the
 # spans' 512-token prompt pass also run whole, its size's anchor (`_whole_passes`),
-# bench/results/2026-11-28-vm-ubatch-anchor)
+# bench/results/2026-11-28-vm-ubatch-anchor; 40: the prompt spans also after 3072 written cells, the prompt lines
+# bent at 1024, attnspan.PROMPT_TAIL, bench/results/2026-11-28-vm-prompt-tail)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -346,15 +347,19 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
             per_token[s["load"]] += s["split_us"] / n_prefill
     est = sum(attnspan.cost_s(us) for us in per_token.values())
+    tail = sum(attnspan.tail_cost_s(us) for us in per_token.values())
+    tails = est + tail <= SPANS_S  # the prompt tail only where it fits the budget too (QwQ-32B 1L: ~50 s without)
     if not per_token or est > SPANS_S:
         if progress and per_token:
             print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
                   "costed node by node, less exact at long contexts".ljust(100), file=sys.stderr, flush=True)
         return attnspan.Timed()
     if progress:
-        print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells "
-              f"(about {est:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
-    return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention)
+        also = f", prompts also after {attnspan.PROMPT_TAIL}" if tails else ""
+        print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells{also} "
+              f"(about {est + tail * tails:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
+    return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention,
+                            tails=tails)
 
 
 def _detached_on(m: Round) -> dict[str, list[float]]:
