@@ -256,6 +256,80 @@ def test_the_span_factors_recover_known_lines_and_scale_each_pass_kind_s_attenti
     assert scaled.node_time_us("ADD", w, 1) == scaled.node_time_us("ADD", w, 128) == pytest.approx(1.0 + 1e-6 * w)
 
 
+def test_tails_timed_in_separate_runs_bend_a_line_through_each_segment_s_own_growth() -> None:
+    """Synthetic decode spans of a kind whose line steepens 2x past work 1e6 and 5x past 3e6 (a cache
+    leaving the CPU's caches), the tails after 2e6 and 4e6 of work timed in two separate runs, each against
+    its own long passes (its "base_us", 30 and 70 us above the span's own long time: the VM drifted): the
+    knots come back where each segment starts, with each segment's slope."""
+    a, b = 10.0, 1e-4
+    dc = calfit.DeviceCalibration(0.0, {calfit.VEC: calfit.OpFit(a, b, 8)}, 1.0)
+
+    def true_us(w: float) -> float:
+        return a + b * w + b * (w - 1e6) * (w > 1e6) + 3 * b * (w - 3e6) * (w > 3e6)
+
+    tails = [{"past": past, "us": true_us(w) + drift, "works": [w], "base_us": true_us(1e6) + drift}
+             for past, w, drift in ((4096, 4e6, 70.0), (2048, 2e6, 30.0))]
+    span = {"n_tokens": 1, "device": "CPU", "nodes": [[calfit.VEC, 1e5, 1e6]], "short_us": true_us(1e5),
+            "long_us": true_us(1e6), "tails": tails}
+    got = calfit.span_factors({"CPU": dc}, [span])["CPU"]["1"]
+    assert got["factor"] == pytest.approx(1.0) and got["intercept"] == pytest.approx(1.0)
+    (line,) = calfit.span_lines(dc, {"1": got}).values()
+    assert [k for k, _ in line.knots] == [pytest.approx(1e6), pytest.approx(2e6)]
+    for w in (5e5, 1e6, 1.5e6, 2e6, 4e6):  # through each tail; straight between two (3e6, the bend, is not timed)
+        assert line.time_us(w) == pytest.approx(true_us(w)), w
+
+
+def test_a_workload_s_decode_past_is_timed_once_in_its_profile_and_bends_the_decode_lines(
+        runs: dict[str, list[str]], tiny_q8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload decoding after more cells than the spans' long cache: the calibration also times its decode
+    spans after the workload's mean past, once (a second plan of it, or of a past within DECODE_MATCH,
+    reuses the cached profile; another past adds its own tail), and the decode lines bend through them
+    while every other line stays as fitted without them."""
+    from oallama.planner.cost import calibrate as calmod
+
+    timed: list[int] = []
+    measure_decode = attnspan.measure_decode
+
+    def spy(path: Any, devices: Any, past: int, **kw: Any) -> Any:
+        timed.append(past)
+        return measure_decode(path, devices, past, **kw)
+
+    monkeypatch.setattr(attnspan, "measure_decode", spy)
+    wl = dataclasses.replace(WORKLOAD, prompt=1500, gen=8, n_ubatch=512)
+    past = round(wl.pass_attended()[wl.decode_pass] - 1)
+    assert past == 1500 + 3  # the decode passes after 1500..1506 cells
+    ctx = planmod.build_context(tiny_q8, None, wl, threads=1, progress=False, calibration="model")
+    cal = ctx.profile.calibration
+    assert cal is not None and timed == [past] and calmod.decode_tail_pasts(cal) == [past]
+    decode = [s for s in cal.spans if s["n_tokens"] == 1]
+    assert decode and all([t["past"] for t in s["tails"]] == [past] and s["tails"][0]["base_us"] > 0 for s in decode)
+    ops = cal.devices["CPU"].ops
+    bent = {k for k, f in ops.items() if k.endswith(":1") and f.knots}
+    assert bent == {f"{k}:1" for s in decode for k, ws, wl_ in s["nodes"] if wl_ > ws}
+    without = calfit.fit(cal.points, [], ctx.profile, cal.splits, cal.routing,
+                         [{k: v for k, v in s.items() if s["n_tokens"] != 1 or k != "tails"} for s in cal.spans])
+    assert {k: dataclasses.replace(f, knots=[]) if k in bent else f for k, f in ops.items()} == \
+        without.devices["CPU"].ops
+    # planned again, or nearly the same past: no measurement; another past: one more tail
+    for prompt in (1500, 1510):
+        planmod.build_context(tiny_q8, None, dataclasses.replace(wl, prompt=prompt), threads=1, progress=False,
+                              calibration="model")
+    assert timed == [past] and runs["calibrated"] == [str(tiny_q8)]
+    ctx3 = planmod.build_context(tiny_q8, None, dataclasses.replace(wl, prompt=3000), threads=1, progress=False,
+                                 calibration="model")
+    assert timed == [past, 3003] and calmod.decode_tail_pasts(ctx3.profile.calibration) == [past, 3003]
+    assert runs["calibrated"] == [str(tiny_q8)]
+    # a workload within the spans' long cache times nothing more
+    planmod.build_context(tiny_q8, None, WORKLOAD, threads=1, progress=False, calibration="model")
+    assert timed == [past, 3003]
+    # a calibration whose spans were over budget takes the decode spans timed with the tail as its own
+    bare = dataclasses.replace(cal, spans=[s for s in cal.spans if s["n_tokens"] != 1])
+    got = calmod.with_decode_tail(bare, ctx.profile, tiny_q8, ["CPU"], past, threads=1, progress=False,
+                                  attention=ctx.profile.settings.attention())
+    assert got is not None and {s["decode_past"] for s in got.spans if s["n_tokens"] == 1} == {past}
+    assert {k for k, f in got.devices["CPU"].ops.items() if k.endswith(":1") and f.knots} == bent
+
+
 def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_model_carries_them(
         runs: dict[str, list[str]], tiny_q8: Path) -> None:
     """A calibration cheap enough times the attention spans and keeps them; its fit gives the attention

@@ -6,6 +6,7 @@ the host, and the errors against the row's measured medians are printed beside t
 recorded. No model runs.
 
     python bench/scripts/repredict_attention.py SET [SET ...] --models DIR [--json OUT] [--loads-only] [--no-tails]
+        [--no-decode-tails]
 
 DIR holds the sets' model files by the names the rows give (`oallama synth` writes the synthetic
 ones again: their shapes, not their weights, are what is costed). Error = predicted / measured - 1.
@@ -25,7 +26,7 @@ import numpy as np
 
 
 def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, loads_only: bool,
-         no_tails: bool) -> dict[str, Any]:
+         no_tails: bool, no_decode_tails: bool) -> dict[str, Any]:
     from oallama.planner.context import Workload, build_context
     from oallama.planner.cost.calfit import refitted
     from oallama.planner.cost.profile import Profile
@@ -41,6 +42,9 @@ def _row(d: Path, doc: dict[str, Any], row: dict[str, Any], models: Path, loads_
         if no_tails:  # method 39: the prompt spans after 0 and 1024 cells only
             cal = replace(cal, spans=[{k: v for k, v in sp.items() if k not in ("tails", "tail_base_us")}
                                       for sp in cal.spans])
+        if no_decode_tails:  # method 40: no decode timed after the workloads' pasts (nor spans timed only with one)
+            cal = replace(cal, spans=[{k: v for k, v in sp.items() if sp["n_tokens"] != 1 or k != "tails"}
+                                      for sp in cal.spans if "decode_past" not in sp])
         prof.calibration = refitted(cal, prof)
     wl = Workload(prompt=row["prompt"], gen=doc["steps"] + 1, n_ubatch=doc["n_ubatch"],
                   flash_attn=row["flash_attn"], cache_type_k=row["cache_type"], cache_type_v=row["cache_type"])
@@ -71,6 +75,8 @@ def main() -> int:
                     help="leave out the passes timed whole only for their size's anchor (calibration method 37)")
     ap.add_argument("--no-tails", action="store_true",
                     help="refit without the prompt spans after more than 1024 cells (calibration method 39)")
+    ap.add_argument("--no-decode-tails", action="store_true",
+                    help="refit without the decode spans timed at the workloads' pasts (calibration method 40)")
     args = ap.parse_args()
     rows = []
     for d in args.sets:
@@ -79,7 +85,7 @@ def main() -> int:
             print(f"{d}: rows on {doc['accelerator']} left out (host-only rows only)", file=sys.stderr)
             continue
         for row in doc["rows"]:
-            r = _row(d, doc, row, args.models, args.loads_only, args.no_tails)
+            r = _row(d, doc, row, args.models, args.loads_only, args.no_tails, args.no_decode_tails)
             rows.append(r)
             print(f"{d.name:18} {r['model'][:24]:24} {r['prompt']:6} fa {r['fa']:3} {r['kv']:5} "
                   + "  ".join(f"{m[:4]} meas {r[m]['measured']:9.2f} rec {r[m]['err_recorded']:+6.1%} "

@@ -4,6 +4,7 @@ and, with `--reprofile`, measured anew for the run instead of taken from the pro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -32,24 +33,28 @@ def measure(model: str, acc: str, n_ctx: int, threads: int, op_offload: bool, pr
 
 def save(out_dir: Path, profile: Any) -> str:
     """Save a profile the plans were costed with as out_dir/profiles/<id>.json; return its id:
-    key[:16], or key[:16]-<created> when another measurement under the same key (--reprofile, a
-    cleared cache) is already saved there."""
+    key[:16]; key[:16]-<created> when another measurement under the same key is already saved there
+    (--reprofile, a cleared cache); key[:16]-<digest of its JSON> when the same measurement saved there
+    has grown since (a decode tail timed for a later workload: `calibrate.with_decode_tail`), so that
+    each row names the profile it was costed with."""
     pid = profile.key[:16]
-    created = getattr(profile, "created", None)
+    doc = profile.to_json()
     path = out_dir / "profiles" / f"{pid}.json"
     if path.exists():
         try:
-            same = json.loads(path.read_text()).get("created") == created
-        except (OSError, json.JSONDecodeError, AttributeError):
-            same = False
-        if same:
-            return pid
-        pid = f"{pid}-{int(created or time.time())}"
+            there = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            there = None
+        if isinstance(there, dict) and there.get("created") == doc.get("created"):
+            same = there == json.loads(json.dumps(doc))
+            pid = pid if same else f"{pid}-{hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]}"
+        else:
+            pid = f"{pid}-{int(doc.get('created') or time.time())}"
         path = path.with_name(f"{pid}.json")
     if not path.exists():
         # compact (the planner's own save indents): a third smaller, to be committed with the results
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(profile.to_json(), separators=(",", ":")) + "\n")
+        tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
         tmp.replace(path)
     return pid

@@ -282,8 +282,9 @@ def _profile(path: str | Path, model: gguf_file.GGUFInfo, acc: str | None, workl
         dm = devicemodel.characterise(devices, settings, lambda ref: build_context(
             ref, acc, ref_workload, threads=threads, op_offload=op_offload, progress=progress,
             calibration="model"), progress=progress)
-    if dm is None:
-        return profile_model(path, devices, **kw)
+    if dm is None:  # the decode attention also timed after the cells the workload decodes after, on average
+        past = round(workload.pass_attended()[workload.decode_pass] - 1)
+        return profile_model(path, devices, decode_past=past, **kw)
     # no calibration of this model reads the other column counts, so they are not timed: every op
     # the plan costs is interpolated between the same ones as over the whole grid (a plan of other
     # pass sizes adds its counts to the same profile: measure.time_more_columns); the 30B-A3B's expert

@@ -7,9 +7,9 @@ thread: about 38 s); writing them costs a copy. `widen` takes sequence 0's state
 positions 0..N-1; `restore` puts it back (`llama_state_seq_set_data`) and lets generation continue after
 them. Timed after a computed and a written cache, alternated, the same passes agree within the VM's
 noise (bench/results/2026-11-28-vm-kv-written; bench/scripts/bench_kvsynth.py). The calibration times its
-prompt spans after 3072 written cells (planner.cost.attnspan.PROMPT_TAIL); decode spans after 2048-16384
-written cells, with the decode lines bent through them, made held-out TPOT worse and are not timed
-(bench/results/2026-11-28-vm-decode-tails).
+prompt spans after 3072 written cells (planner.cost.attnspan.PROMPT_TAIL) and its decode spans after the
+cells a workload decodes after (attnspan.measure_decode); decode spans after fixed pasts (2048-16384),
+with the decode lines bent through them, made held-out TPOT worse (bench/results/2026-11-28-vm-decode-tails).
 
     state = kvstate.seq_state(llm)              # after llm.eval(tokens[:1024])
     wide = kvstate.widen(state, 8192)           # None: a cache this does not know (SWA, recurrent)

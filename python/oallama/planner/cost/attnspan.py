@@ -20,22 +20,28 @@ cancels.
             accelerator, in its accelerator load; the prompt pass's spans also after PROMPT_TAIL cells
             written (runtime.kvstate); and that prompt pass's splits run whole after no cache, a pass
             size (the workloads' ubatch) the calibration's loads do not time
-  cost_s    what measuring them takes, estimated from a prompt pass's time per token
+  measure_decode  the decode pass's spans also after a workload's own past (cells), in a cache written
+            from a short one: a decode's attention jumps where its K and V leave the CPU's caches, at a
+            past no fixed one tells (calibrate.with_decode_tail)
+  cost_s    what measuring them takes, estimated from a prompt pass's time per token (decode_cost_s:
+            measure_decode's, from a decode pass's time)
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ... import _core
 from ...errors import OallamaError, ProfileError
 from .calfit import kind, work
 from .realpass import VIEW_OPS, layers_that_fit, timed_eval
+
+T = TypeVar("T")
 
 LONG_PAST = 1024  # KV cells before the long passes
 SHORT_DECODE_PAST = 32  # ... before the short decode pass (a short prompt pass: none)
@@ -214,6 +220,84 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
     nodes [kind (calfit.kind), work short, work long] and median times at both lengths (us); and per
     load, the prompt pass after no cache: its nodes and its splits' times run whole. tails: the prompt spans
     also after PROMPT_TAIL cells (a span's "tails", "tail_base_us"), where kvstate can write its cache."""
+    n_ctx = -(-((PROMPT_TAIL if tails else LONG_PAST) + PROMPT_TOKENS + 1) // 256) * 256
+    out = Timed([], [])
+    for got in _each_load(path, devices, n_ctx, lambda llm, tokens, what: _measure_load(llm, tokens, what, reps, tails),
+                          threads=threads, mmap=mmap, op_offload=op_offload, attention=attention):
+        out.spans += got.spans
+        out.whole += got.whole
+    return out
+
+
+def measure_decode(path: str | Path, devices: Sequence[str], past: int, *, threads: int, mmap: bool = True,
+                   op_offload: bool = True, attention: Mapping[str, Any], reps: int = REPS) -> list[dict[str, Any]]:
+    """The decode pass's attention spans after SHORT_DECODE_PAST, LONG_PAST and `past` cells, in the loads
+    `measure` takes: span dicts as `measure` gives them and "decode_past", each with a tail at `past` ("tails":
+    past, us, its nodes' works, and "base_us", the LONG_PAST time of the same run). Empty where kvstate cannot write
+    the cache (a sliding window's second cache).
+
+    Why per workload: a decode's attention jumps 6-8x between 4096 and 8192 cells on some models and not
+    on others, and lines bent at fixed pasts put half that jump between them, where whole passes show none
+    (bench/results/2026-11-28-vm-decode-tails): a decode is timed at the past the workload decodes at."""
+    return [s for got in _each_load(path, devices, -(-(past + 2) // 256) * 256,
+                                    lambda llm, tokens, what: _decode_load(llm, tokens, what, past, reps),
+                                    threads=threads, mmap=mmap, op_offload=op_offload, attention=attention)
+            for s in got]
+
+
+def decode_cost_s(decode_us: float, past: int) -> float:
+    """Seconds `measure_decode` takes in one load, about, from a decode pass's time after few cells: its
+    timed passes (a pass after `past` cells taken as up to past / LONG_PAST times the attention's growth,
+    counted as that many short passes at most) and their node-by-node runs."""
+    return decode_us / 1e6 * (5 * REPS + 3) * (1 + min(past / LONG_PAST, 8) / 4)
+
+
+def _decode_load(llm: Any, tokens: list[int], what: str, past: int, reps: int) -> list[dict[str, Any]]:
+    """measure_decode in one load: a real SHORT_DECODE_PAST-cell cache, written on to `past` cells
+    (kvstate.widen), the LONG_PAST passes run in its first LONG_PAST cells; blocks short, long, tail,
+    long, short."""
+    from ...runtime import kvstate
+
+    llm.reset()
+    llm.eval(tokens[:SHORT_DECODE_PAST])
+    wide = kvstate.widen(kvstate.seq_state(llm), past)
+    if wide is None:
+        return []
+    pasts = {"short": SHORT_DECODE_PAST, "long": LONG_PAST, "tail": past}
+    listed: dict[str, list[_core.NodeTime]] = {}
+    for block in ("short", "long", "tail"):
+        if block != "short":  # a pass after fewer cells than written evaluates on from its first ones (timed_eval)
+            kvstate.restore(llm, wide, tokens[:past])
+        listed[block] = node_list(llm, tokens, 1, pasts[block])
+    if not [r.op for r in listed["short"]] == [r.op for r in listed["long"]] == [r.op for r in listed["tail"]]:
+        raise ProfileError(f"attention spans: the decode pass's graph after {past} cells differs")
+    found = spans(listed["short"], listed["long"], 1, SHORT_DECODE_PAST, LONG_PAST)
+    stops = sorted({k for a, b in found for k in (a - 1, b)})
+    times: dict[str, list[list[float]]] = defaultdict(list)
+    for block in ("short", "long", "tail", "long", "short"):
+        if block != "short":
+            kvstate.restore(llm, wide, tokens[:past])
+        times[block] += time_stops(llm, tokens, 1, pasts[block], stops, reps)
+    w = {b: works(listed[b], 1, pasts[b]) for b in pasts}
+    out = []
+    for i, (a, b) in enumerate(found):
+        col = stops.index(b)
+        keep = [k for k in range(a, b + 1) if listed["short"][k].op not in VIEW_OPS]
+        us = {blk: statistics.median(r[col] for r in runs) for blk, runs in times.items()}
+        out.append({"load": what, "n_tokens": 1, "short_past": SHORT_DECODE_PAST, "long_past": LONG_PAST, "span": i,
+                    "decode_past": past, "device": listed["short"][b].device,
+                    "nodes": [[kind(listed["short"][k].op, listed["short"][k].ne), w["short"][k], w["long"][k]]
+                              for k in keep],
+                    "short_us": us["short"], "long_us": us["long"], "tail_base_us": us["long"],
+                    "tails": [{"past": past, "us": us["tail"], "works": [w["tail"][k] for k in keep],
+                               "base_us": us["long"]}]})
+    return out
+
+
+def _each_load(path: str | Path, devices: Sequence[str], n_ctx: int, fn: Callable[[Any, list[int], str], T], *,
+               threads: int, mmap: bool, op_offload: bool, attention: Mapping[str, Any]) -> list[T]:
+    """fn(llama, n_ctx prompt tokens, load) in the model's host load ("host") and, with an accelerator
+    (devices: the CPU first), the load with every layer that fits on it ("accelerator"), one at a time."""
     from ...model import gguf_file
     from ...runtime import devices as devmod
     from ...runtime.generate import prompt_tokens
@@ -226,8 +310,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
     if accs:
         loads.append(("accelerator", {"n_gpu_layers": layers_that_fit(info, accs[0], n_layer),
                                       "op_offload": op_offload}))
-    n_ctx = -(-((PROMPT_TAIL if tails else LONG_PAST) + PROMPT_TOKENS + 1) // 256) * 256
-    out = Timed([], [])
+    out = []
     for what, kw in loads:
         try:
             llm = Llama(str(path), devices=[a.name for a in accs] or None, n_ctx=n_ctx, n_batch=PROMPT_TOKENS,
@@ -236,9 +319,7 @@ def measure(path: str | Path, devices: Sequence[str], *, threads: int, mmap: boo
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"attention spans: could not load {path} ({what} load): {e}") from None
         try:
-            got = _measure_load(llm, prompt_tokens(llm, n_ctx), what, reps, tails)
-            out.spans += got.spans
-            out.whole += got.whole
+            out.append(fn(llm, prompt_tokens(llm, n_ctx), what))
         finally:
             llm.close()
     return out

@@ -505,9 +505,11 @@ def span_factors(devs: Mapping[str, DeviceCalibration], spans: Sequence[Mapping[
 def _span_tails(dc: DeviceCalibration, spans: Sequence[Mapping[str, Any]], dev: str, pk: str,
                 factor: float) -> list[dict[str, Any]]:
     """Per segment between the long KV cache and each longer one the spans were timed after (a prompt
-    pass's, attnspan.PROMPT_TAIL), its measured growth over the growth the slopes (scaled by `factor`)
-    give: "ratio", and each kind's work where the segment starts ("from": kind -> work, the median over
-    the spans' nodes). A 512-token pass's attention past 1024 cells grows about 1.4x faster per unit of work
+    pass's, attnspan.PROMPT_TAIL; a decode pass's, the workloads' pasts, attnspan.measure_decode), its
+    measured growth over the growth the slopes (scaled by `factor`) give: "ratio", and each kind's work
+    where the segment starts ("from": kind -> work, the median over the spans' nodes). A tail's growth is
+    taken against the long passes of its own run ("base_us"; else the span's "tail_base_us"): tails
+    timed in separate runs, minutes apart, do not mix the VM's drift into a segment. A 512-token pass's attention past 1024 cells grows about 1.4x faster per unit of work
     than below (this VM's CPU, `mid` 2L and Llama-3-8B 1L: the line through 0 and 1024 cells 22-23% short
     after 3584; bench/results/2026-11-28-vm-attention-curve)."""
     segs: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # past -> measured, modelled growth (us)
@@ -516,15 +518,16 @@ def _span_tails(dc: DeviceCalibration, spans: Sequence[Mapping[str, Any]], dev: 
         if s["device"] != dev or pass_kind(s["n_tokens"]) != pk or not s.get("tails"):
             continue
         n = int(s["n_tokens"])
-        prev_us, prev_w = float(s["tail_base_us"]), [wl for _, _, wl in s["nodes"]]
+        prev_g, prev_w = 0.0, [wl for _, _, wl in s["nodes"]]  # growth past the long cache (us), works there
         for t in sorted(s["tails"], key=lambda t: t["past"]):
             seg = segs[int(t["past"])]
-            seg[0] += t["us"] - prev_us
+            g = t["us"] - float(t.get("base_us", s.get("tail_base_us", 0.0)))  # against its own run's long passes
+            seg[0] += g - prev_g
             for (op, _, _), w0, w1 in zip(s["nodes"], prev_w, t["works"], strict=True):
                 if w1 > w0:  # as span_factors models the growth, slopes scaled by `factor`
                     seg[1] += factor * (dc.node_time_us(op, w1, n) - dc.node_time_us(op, w0, n))
                     starts[int(t["past"])][op].append(w0)
-            prev_us, prev_w = t["us"], t["works"]
+            prev_g, prev_w = g, t["works"]
     return [{"past": p, "ratio": max(m / f, 0.0), "measured_us": m, "modelled_us": f,
              "from": {op: statistics.median(ws) for op, ws in starts[p].items()}}
             for p, (m, f) in sorted(segs.items()) if f > 0]

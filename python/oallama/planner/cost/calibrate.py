@@ -30,7 +30,9 @@ token), from the host load (with an accelerator, reading its results back is the
 
 The attention's growth with the KV cache is timed apart, in spans of the real graph run whole after
 a short and a long cache (attnspan.py), when that is cheap (`SPANS_S`): the attention kinds' lines are
-fitted to them (`calfit.span_lines`), as node-by-node times split a pass into ops noisily.
+fitted to them (`calfit.span_lines`), as node-by-node times split a pass into ops noisily. A workload
+that decodes after more cells than those has its decode spans timed after its own past too, once, added
+to the cached calibration (`with_decode_tail`).
 
 Split-mode runs of a pass that spread more than WIDE_SPREAD (a software GPU's threads sharing the
 host's cores: lavapipe's decode pass 134-273 ms) are repeated, up to 4x, before their median is kept.
@@ -68,6 +70,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,7 @@ from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
 from ..graph import AttentionLayers, attention_layers
 from . import attnspan, outside
-from .calfit import Calibration, fit, kind, line, work
+from .calfit import Calibration, fit, kind, line, refitted, work
 from .realpass import (
     VIEW_OPS,
     Run,
@@ -90,7 +93,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 40  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 41  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -104,14 +107,17 @@ VERSION = 40  # of the method: part of a calibrated profile's cache key (what ea
 # tried and removed before it landed: held out, it made TPOT worse, bench/results/2026-11-28-vm-decode-tails; 39: the
 # spans' 512-token prompt pass also run whole, its size's anchor (`_whole_passes`),
 # bench/results/2026-11-28-vm-ubatch-anchor; 40: the prompt spans also after 3072 written cells, the prompt lines
-# bent at 1024, attnspan.PROMPT_TAIL, bench/results/2026-11-28-vm-prompt-tail)
+# bent at 1024, attnspan.PROMPT_TAIL, bench/results/2026-11-28-vm-prompt-tail; 41: the decode spans also after
+# the workload's own past, added to a cached calibration per workload, `with_decode_tail`,
+# bench/results/2026-11-28-vm-decode-at-past)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
 WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the repeats
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
-SPANS_S = 60.0  # the attention spans are timed when that takes under this many seconds (`_spans`)
+SPANS_S = 60.0  # the attention spans are timed when that takes under this many seconds (`_spans`; a decode tail's too)
+DECODE_MATCH = 1 / 32  # a decode tail timed within this share of a workload's past stands for it (`with_decode_tail`)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
 
@@ -360,6 +366,55 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
               f"(about {est + tail * tails:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
     return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention,
                             tails=tails)
+
+
+def decode_tail_pasts(cal: Calibration) -> list[int]:
+    """The pasts the calibration's decode spans were also timed after (`with_decode_tail`)."""
+    return sorted({int(t["past"]) for sp in cal.spans if sp["n_tokens"] == 1 for t in sp.get("tails", ())})
+
+
+def with_decode_tail(cal: Calibration, profile: Any, path: str | Path, devices: Sequence[str], past: int, *,
+                     threads: int, mmap: bool = True, op_offload: bool = True,
+                     attention: Mapping[str, Any] = NO_FLASH_ATTN, progress: bool = True) -> Calibration | None:
+    """`cal` refitted with the decode spans also timed after `past` cells (attnspan.measure_decode), so that
+    the decode lines bend through them (calfit.span_lines): a workload's decodes after more cells than the
+    spans' long cache. None where nothing was added: `past` within the long cache or within DECODE_MATCH of
+    a past timed before, the measurement over SPANS_S seconds, or a cache kvstate cannot write. A decode
+    span the calibration timed gets the tail; one it did not time (its spans were over budget) is added."""
+    if past <= attnspan.LONG_PAST or any(abs(p - past) <= DECODE_MATCH * past for p in decode_tail_pasts(cal)):
+        return None
+    decode: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # load -> past -> us a decode pass
+    for sp in cal.splits:
+        if sp["n_tokens"] == 1 and not sp.get("anchor_only"):
+            decode[sp["load"]][int(sp["n_past"])] += sp["split_us"]
+    est = sum(attnspan.decode_cost_s(by_past[min(by_past)], past) for by_past in decode.values())
+    if not decode or est > SPANS_S:
+        if progress:
+            print(f"calibrate: decode not timed after {past} cells (about {est:.0f} s, over {SPANS_S:.0f} s): "
+                  "its attention past the spans' cells is extrapolated", file=sys.stderr, flush=True)
+        return None
+    if progress:
+        print(f"\rcalibrate: decode attention timed after {past} cells, the workload's (about {est:.0f} s)".ljust(100),
+              end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    got = attnspan.measure_decode(path, devices, past, threads=threads, mmap=mmap, op_offload=op_offload,
+                                  attention=attention)
+    if not got:
+        return None
+    spans = [dict(sp) for sp in cal.spans]
+    for new in got:
+        old = next((sp for sp in spans if sp["n_tokens"] == 1 and sp["load"] == new["load"]
+                    and sp["span"] == new["span"] and [n[0] for n in sp["nodes"]] == [n[0] for n in new["nodes"]]),
+                   None)
+        if old is None:  # the calibration's spans were not timed: this run's decode spans are its only ones
+            spans.append(new)
+        else:
+            old["tails"] = [*(t for t in old.get("tails", ()) if t["past"] != past), *new["tails"]]
+    out = refitted(replace(cal, spans=spans, elapsed_s=cal.elapsed_s + time.perf_counter() - t0), profile)
+    if progress:
+        print(f"\rcalibrate: decode attention timed after {past} cells in {time.perf_counter() - t0:.1f} s".ljust(100),
+              file=sys.stderr, flush=True)
+    return out
 
 
 def _detached_on(m: Round) -> dict[str, list[float]]:

@@ -19,7 +19,7 @@ from ...options import add_arguments, from_args, option
 from ...runtime import devices as devmod
 from ..graph import Inventory, inventory
 from . import hostspeed
-from .calibrate import calibrate
+from .calibrate import calibrate, with_decode_tail
 from .profile import (
     DEFAULT_TOKENS,
     HOST_LAYOUTS,
@@ -305,7 +305,8 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                   mmap: bool = True, repack: bool = True, cache: bool = True, warmup: int = 2, repeats: int = 5,
                   progress: bool = True, inv: Inventory | None = None, calibrated: bool = True,
                   server_threads: int = 0, known: KnownTimes | None = None, flash_attn: bool = False,
-                  type_k: str = "f16", type_v: str = "f16", decode_tokens: int = 1, routed: bool = True) -> Profile:
+                  type_k: str = "f16", type_v: str = "f16", decode_tokens: int = 1, routed: bool = True,
+                  decode_past: int = 0) -> Profile:
     """Profile a model on `devices` (the CPU and the accelerators), reusing a cached profile
     with the same key. `threads` defaults to llama-cpp-python's default for generation.
     calibrated: also time the real graph (calibrate.py); server_threads: threads of the
@@ -314,7 +315,9 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
     attention (the calibration's loads; the one-op times do not depend on it); decode_tokens: the
     workload's decode pass, which the calibration times too (and n_tokens should hold); routed: the
     model's expert routing is measured, so its expert matmuls are timed with every token on the
-    same experts too (`time_op`'s few; added to a cached profile that lacks them)."""
+    same experts too (`time_op`'s few; added to a cached profile that lacks them); decode_past: the cells
+    the workload's decode passes follow, on average: a calibration's decode attention is also timed there
+    (`calibrate.with_decode_tail`; added to a cached profile that lacks it)."""
     settings = default_settings(threads, op_offload=op_offload, mmap=mmap, repack=repack, calibrated=calibrated,
                                 server_threads=server_threads, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
                                 decode_tokens=decode_tokens)
@@ -346,7 +349,8 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                 print(f"profile: timed {n_cols} op shape(s) at column counts the cached profile lacked "
                       f"({', '.join(map(str, sorted(set(n_tokens))))} asked) in {time.perf_counter() - t0:.1f} s",
                       file=sys.stderr)
-            if changed or n_few or n_cols:
+            tailed = _decode_tail(prof, path, settings, decode_past, progress)
+            if changed or n_few or n_cols or tailed:
                 prof.save(cached)
             return prof
     acc = next((d.name for d in devs if not d.is_host), None)
@@ -365,10 +369,26 @@ def profile_model(path: str | Path, devices: Sequence[str], *, threads: int | No
                                      op_offload=op_offload, mmap=mmap, progress=progress,
                                      attention=settings.attention(), decode=settings.decode_tokens)
         prof.elapsed_s += prof.calibration.elapsed_s
+        _decode_tail(prof, path, settings, decode_past, progress)
     prof.host_speed["after"] = hostspeed.measure_devices(settings.threads, acc)
     if cache:
         prof.save(cached)
     return prof
+
+
+def _decode_tail(prof: Profile, path: str | Path, settings: Settings, past: int, progress: bool) -> bool:
+    """A calibrated profile's decode attention also timed after `past` cells, where it was not yet. True
+    when it was added."""
+    if prof.calibration is None or not past:
+        return False
+    cal = with_decode_tail(prof.calibration, prof, path, list(prof.devices), past, threads=settings.threads,
+                           mmap=settings.mmap, op_offload=settings.op_offload, attention=settings.attention(),
+                           progress=progress)
+    if cal is None:
+        return False
+    prof.elapsed_s += cal.elapsed_s - prof.calibration.elapsed_s
+    prof.calibration = cal
+    return True
 
 
 def _remeasure_routing(prof: Profile, path: str | Path, settings: Settings, progress: bool) -> bool:
