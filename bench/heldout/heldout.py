@@ -127,6 +127,7 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
     from oallama._files import cache_base
     from oallama.bench import profiles as bench_profiles
     from oallama.planner import plan as planmod
+    from oallama.planner.cost.profile import cpu_detail
     from oallama.runtime import rpc
     from oallama.runtime.planfile import ConfirmOptions
 
@@ -180,7 +181,8 @@ def run_group(out: Path, setup: str, model: str, wl: dict[str, int], device: str
                         "confirm_seconds": conf.seconds, "confirmed_from": kept.extra.get("winner", "optimal")}
                 measured = _measure_in_child(spec, out)
                 doc = {"protocol": PROTOCOL["version"], "commit": git_commit(), "machine": platform.node(),
-                       "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                       "cpu": platform.processor() or platform.machine(), "cpu_detail": cpu_detail(),
+                       "cpu_count": os.cpu_count(),
                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **spec, **measured}
                 (out / "cells").mkdir(parents=True, exist_ok=True)
                 tmp = out / "cells" / f"{name}.json.tmp"

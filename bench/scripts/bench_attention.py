@@ -107,8 +107,11 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+    from oallama.planner.cost.profile import cpu_detail
+
     doc = {"date": date.today().isoformat(), "commit": git_commit(), "machine": platform.node(),
-           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": args.threads,
+           "cpu": platform.processor() or platform.machine(), "cpu_detail": cpu_detail(), "cores": os.cpu_count(),
+           "threads": args.threads,
            "accelerator": "loopback rpc-server, 1 thread" if server is not None else acc,
            "placement": f"layers at {args.gpu_budget}" if acc else "every weight on the host", "n_ubatch": 512,
            "steps": args.steps, "rounds": args.rounds, "rows": rows}
@@ -116,7 +119,7 @@ def main() -> int:
     where = (f"CPU + {'loopback rpc-server' if server is not None else acc}, layers at {args.gpu_budget}" if acc
              else "CPU only")
     lines = [f"# Long contexts, flash attention off and on, {where} ({doc['date']}, commit {doc['commit'][:12]}, "
-             f"{doc['cores']} cores, {args.threads} thread(s), ubatch 512, median of {args.rounds} alternated rounds)",
+             f"{doc['cores']} cores ({doc['cpu_detail'] or doc['cpu']}), {args.threads} thread(s), ubatch 512, median of {args.rounds} alternated rounds)",
              "", "| model | prompt | n_ctx | fa | KV | TTFT pred / meas ms | ratio | TPOT pred / meas ms | ratio | "
              "KV bytes plan = load | load avg |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:

@@ -302,7 +302,7 @@ def _accelerator(opts: BenchOptions) -> tuple[devmod.Device, Any]:
 
 
 def _host_meta() -> dict[str, Any]:
-    from ..planner.cost.profile import _cpu_name, build_info
+    from ..planner.cost.profile import _cpu_name, build_info, cpu_detail
 
     b = build_info()
     try:
@@ -311,7 +311,7 @@ def _host_meta() -> dict[str, Any]:
         mem_total = int(psutil.virtual_memory().total)
     except ImportError:  # pragma: no cover - psutil is a dependency of the benchmark
         mem_total = 0
-    return {"machine": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count() or 0,
+    return {"machine": platform.node(), "cpu": _cpu_name(), "cpu_detail": cpu_detail(), "cpu_count": os.cpu_count() or 0,
             "host_memory_bytes": mem_total, "os": f"{platform.system()} {platform.release()}",
             "oallama_version": b["oallama"], "build_commit": b["llama_cpp_commit"],
             "build_patches": ";".join(b["patches"]), "cuda_build": b["cuda"]}

@@ -38,7 +38,7 @@ from .accuracy import STRATEGY_ORDER
 
 SCHEMA = "oallama.bench/1"
 COLUMNS = [
-    "schema", "config_id", "timestamp", "machine", "cpu", "cpu_count", "host_memory_bytes", "os",
+    "schema", "config_id", "timestamp", "machine", "cpu", "cpu_detail", "cpu_count", "host_memory_bytes", "os",
     "oallama_version", "build_commit",
     "build_patches", "cuda_build", "device", "device_kind", "device_description", "model", "model_identity",
     "model_architecture", "model_n_layer", "model_weight_bytes", "strategy", "series", "plan_from", "op_offload",
@@ -78,7 +78,7 @@ def records_from_raw(raw: dict[str, Any]) -> list[dict[str, Any]]:
     wbytes = int(plan["model_weight_bytes"])
     base = {
         "schema": SCHEMA, "config_id": raw["id"], "timestamp": raw.get("finished"),
-        **{k: meta.get(k) for k in ("machine", "cpu", "cpu_count", "host_memory_bytes", "os",
+        **{k: meta.get(k) for k in ("machine", "cpu", "cpu_detail", "cpu_count", "host_memory_bytes", "os",
                                     "oallama_version", "build_commit",
                                     "build_patches", "cuda_build", "device", "device_kind", "device_description")},
         "model": c["model_name"], "model_identity": c["model_identity"][:16],

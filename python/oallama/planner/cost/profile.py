@@ -337,7 +337,8 @@ class Profile:
                 "created": self.created, "elapsed_s": self.elapsed_s,
                 "calibration": self.calibration.to_json() if self.calibration is not None else None,
                 "layouts": self.layouts, "host_speed": self.host_speed,
-                "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name()}}
+                "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name(),
+                         "cpu_detail": cpu_detail()}}
 
     @staticmethod
     def from_json(doc: dict[str, Any], path: str | Path = "<profile>") -> Profile:
@@ -403,6 +404,29 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cpu_detail() -> str:
+    """What tells apart CPUs of one model name (a VM's "AMD EPYC" can be two generations whose decode after 8192
+    cells differs 2.8x: bench/results/2026-11-28-vm-decode-at-past): family, model and cpu0's cache sizes, as
+    Linux gives them; "" elsewhere."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() in ("cpu family", "model") and k.strip() not in info:
+                info[k.strip()] = v.strip()
+    except OSError:
+        pass
+    caches = []
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
+    head = f"family {info['cpu family']} model {info['model']}" if len(info) == 2 else ""
+    return "; ".join(x for x in (head, ", ".join(caches)) if x)
 
 
 def signatures(inv: Inventory) -> dict[tuple[str, str, tuple[int, ...]], set[int]]:
