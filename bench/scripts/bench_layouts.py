@@ -185,7 +185,7 @@ def _rows_from_runs(out: Path) -> list[dict[str, Any]]:
 
 
 def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, build: dict[str, Any]) -> None:
-    from oallama.planner.cost.profile import _cpu_name
+    from oallama.planner.cost.profile import _cpu_name, cpu_detail
 
     commit = git_commit(short=True)
     summary: list[dict[str, Any]] = []
@@ -208,7 +208,7 @@ def _write(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, buil
             s[k.replace("_ms", "_stdev_ms")] = statistics.stdev(v) if len(v) > 1 else 0.0
             s["predicted_" + k] = pred.get(k)
         summary.append(s)
-    doc = {"benchmark": "host_layouts", "model": str(args.model), "cpu": _cpu_name(), "machine": platform.node(),
+    doc = {"benchmark": "host_layouts", "model": str(args.model), "cpu": _cpu_name(), "cpu_detail": cpu_detail(), "machine": platform.node(),
            "threads": args.threads, "reps": args.reps, "host_budget": args.host_budget, "commit": commit,
            "build": build, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "summary": summary, "runs": rows}
     (out / "layouts.json").write_text(json.dumps(doc, indent=1))

@@ -27,7 +27,7 @@ from pathlib import Path
 import oallama  # noqa: F401
 from oallama.model import synthetic
 from oallama.planner import plan
-from oallama.planner.cost.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info, cpu_detail
 from oallama.runtime import devices, rpc
 
 
@@ -140,7 +140,7 @@ def main() -> int:
                                                       "n_layer": ctx.n_layer, "target_ops": sum(
                                                           len(pm.t_host) for pm in ctx.passes.values()),
                                                       "weight_GiB": ctx.model.weight_bytes / 2**30},
-                  "device": {"accelerator": acc.name, "kind": acc.kind, "cpu": _cpu_name(),
+                  "device": {"accelerator": acc.name, "kind": acc.kind, "cpu": _cpu_name(), "cpu_detail": cpu_detail(),
                              "machine": platform.node()},
                   "settings": ctx.settings, "workload": {"prompt": wl.prompt, "gen": wl.gen, "objective": "e2e"},
                   "build": build_info(), "context_build_s": context_s, "profile_s": ctx.profile.elapsed_s,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import oallama  # noqa: F401
 from oallama import _core
-from oallama.planner.cost.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info, cpu_detail
 
 SHAPES = [("q4_K", 4096, 14336), ("q4_K", 5120, 27648), ("q4_0", 4096, 14336), ("q8_0", 4096, 14336),
           ("q5_K", 4096, 14336), ("q6_K", 4096, 14336)]
@@ -59,7 +59,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
-    doc = {"benchmark": "cpu_repack", "cpu": _cpu_name(), "machine": platform.node(), "threads": args.threads,
+    doc = {"benchmark": "cpu_repack", "cpu": _cpu_name(), "cpu_detail": cpu_detail(), "machine": platform.node(), "threads": args.threads,
            "reps": args.reps, "dual_max_batch": args.dual_max_batch, "build": build_info(), "load_avg": load,
            "results": rows}
     (out / "repack.json").write_text(json.dumps(doc, indent=1))

@@ -34,7 +34,7 @@ from typing import Any
 
 import oallama  # noqa: F401  (oallama's libraries before llama_cpp's)
 from oallama import Llama
-from oallama.planner.cost.profile import _cpu_name, build_info
+from oallama.planner.cost.profile import _cpu_name, build_info, cpu_detail
 from oallama.planner.cost.schedmodel import NEVER, Placement
 from oallama.planner.plan import Workload, build_context, make_plan
 from oallama.runtime import rpc
@@ -110,7 +110,7 @@ def main() -> int:
                              "predicted_ttft_ms": v.predicted["ttft_ms"], "predicted_tpot_ms": v.predicted["tpot_ms"],
                              "ttft_ms": ttft, "tpot_ms": tpot, "load_avg_max": max(loads)})
     doc = {"schema": "oallama.bench-stock/1", "commit": git_commit(), "build": build_info(), "date": str(date.today()),
-           "device": {"machine": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "accelerator": acc},
+           "device": {"machine": platform.node(), "cpu": _cpu_name(), "cpu_detail": cpu_detail(), "cpu_count": os.cpu_count(), "accelerator": acc},
            "settings": {"model": args.model.name, "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
                         "threads": args.threads, "ubatch": args.ubatch, "rpc_threads": args.rpc_threads,
                         "strategy": "optimal"},
