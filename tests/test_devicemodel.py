@@ -280,7 +280,7 @@ def test_tails_timed_in_separate_runs_bend_a_line_through_each_segment_s_own_gro
 
 
 def test_a_workload_s_decode_past_is_timed_once_in_its_profile_and_bends_the_decode_lines(
-        runs: dict[str, list[str]], tiny_q8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        runs: dict[str, list[str]], tiny_q8: Path, gemma3_270m: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A workload decoding after more cells than the spans' long cache: the calibration also times its decode
     spans after the workload's mean past, once (a second plan of it, or of a past within DECODE_MATCH,
     reuses the cached profile; another past adds its own tail), and the decode lines bend through them
@@ -328,6 +328,10 @@ def test_a_workload_s_decode_past_is_timed_once_in_its_profile_and_bends_the_dec
                                   attention=ctx.profile.settings.attention())
     assert got is not None and {s["decode_past"] for s in got.spans if s["n_tokens"] == 1} == {past}
     assert {k for k, f in got.devices["CPU"].ops.items() if k.endswith(":1") and f.knots} == bent
+    # a sliding-window model's caches are not written: nothing is loaded to find that out
+    loaded = len(runs["loaded"])
+    assert calmod.with_decode_tail(cal, ctx.profile, gemma3_270m, ["CPU"], past, threads=1, progress=False) is None
+    assert timed == [past, 3003, past] and len(runs["loaded"]) == loaded
 
 
 def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_model_carries_them(

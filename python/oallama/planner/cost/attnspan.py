@@ -288,7 +288,7 @@ def _decode_load(llm: Any, tokens: list[int], what: str, past: int, reps: int) -
                     "decode_past": past, "device": listed["short"][b].device,
                     "nodes": [[kind(listed["short"][k].op, listed["short"][k].ne), w["short"][k], w["long"][k]]
                               for k in keep],
-                    "short_us": us["short"], "long_us": us["long"], "tail_base_us": us["long"],
+                    "short_us": us["short"], "long_us": us["long"],
                     "tails": [{"past": past, "us": us["tail"], "works": [w["tail"][k] for k in keep],
                                "base_us": us["long"]}]})
     return out

@@ -379,7 +379,8 @@ def with_decode_tail(cal: Calibration, profile: Any, path: str | Path, devices: 
     """`cal` refitted with the decode spans also timed after `past` cells (attnspan.measure_decode), so that
     the decode lines bend through them (calfit.span_lines): a workload's decodes after more cells than the
     spans' long cache. None where nothing was added: `past` within the long cache or within DECODE_MATCH of
-    a past timed before, the measurement over SPANS_S seconds, or a cache kvstate cannot write. A decode
+    a past timed before, no decode pass timed, a sliding-window model (found from its metadata, before any load:
+    kvstate cannot write its caches), or the measurement over SPANS_S seconds. A decode
     span the calibration timed gets the tail; one it did not time (its spans were over budget) is added."""
     if past <= attnspan.LONG_PAST or any(abs(p - past) <= DECODE_MATCH * past for p in decode_tail_pasts(cal)):
         return None
@@ -387,8 +388,10 @@ def with_decode_tail(cal: Calibration, profile: Any, path: str | Path, devices: 
     for sp in cal.splits:
         if sp["n_tokens"] == 1 and not sp.get("anchor_only"):
             decode[sp["load"]][int(sp["n_past"])] += sp["split_us"]
+    if not decode or attention_layers(path).window:  # a sliding window's two caches: kvstate writes neither
+        return None
     est = sum(attnspan.decode_cost_s(by_past[min(by_past)], past) for by_past in decode.values())
-    if not decode or est > SPANS_S:
+    if est > SPANS_S:
         if progress:
             print(f"calibrate: decode not timed after {past} cells (about {est:.0f} s, over {SPANS_S:.0f} s): "
                   "its attention past the spans' cells is extrapolated", file=sys.stderr, flush=True)
