@@ -164,6 +164,62 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
     assert plain_times(ctx.passes[Ubatch(1)], None) is None
 
 
+def test_layouts_alternate_in_one_dual_load(q4_0_model: Path) -> None:
+    """Given the weights a default load repacks, both layouts are timed in one dual load, pass by pass
+    ("paired": a ratio per pair); without them (or without the memory) in two loads. Both give every
+    pass size's walls and every repacked shape's node times in each layout."""
+    from oallama.planner.cost.realpass import measure_layouts
+
+    kw = dict(sizes=[1, 16], n_ctx=128, n_prefill=16, threads=2, mmap=True, reps=2)
+    names = _repacked(q4_0_model)
+    llm = Llama(str(q4_0_model), n_ctx=128, verbose=False)
+    try:
+        repacked = {t.name: t.nbytes for t in llm.tensor_placements() if t.name in names}
+    finally:
+        llm.close()
+    paired = measure_layouts(q4_0_model, repacked=repacked, **kw)
+    apart = measure_layouts(q4_0_model, **kw)
+    assert paired is not None and apart is not None
+    assert paired["paired"] and "paired" not in apart
+    assert paired["n_weights"] == apart["n_weights"] == len(names)
+    for m in (paired, apart):
+        assert set(m["sizes"]) == {"1", "16"}
+        for v in m["sizes"].values():
+            assert v["default_us"] > 0 and v["plain_us"] > 0
+            assert all(sh["default_us"] > 0 and sh["plain_us"] > 0 for sh in v["shapes"].values())
+    for n, v in paired["sizes"].items():
+        assert len(v["ratios"]) == 2 and v["shapes"].keys() == apart["sizes"][n]["shapes"].keys()
+
+
+def test_a_pass_past_the_timed_sizes_follows_the_profile(cpu_context, q4_0_model: Path) -> None:
+    """Past the largest pass the layouts load timed, the plain times carry the measured corrections to
+    the one-op profile, not the measured ratio: a profile whose plain layout is faster at those columns
+    costs that pass's all-plain placement less, and leaves the largest timed pass as it was."""
+    from oallama.planner.context import plain_times
+    from oallama.planner.cost.schedmodel import Placement
+
+    cal = cpu_context.profile.calibration
+    top = max(int(n) for n in cal.layouts["sizes"])
+    big = 2 * top
+    faster = copy.deepcopy(cpu_context.profile)
+    for key, v in faster.layouts[PLAIN].items():
+        if int(key.rsplit(":", 1)[1]) > top:
+            v["median_us"] *= 0.5
+
+    def all_plain(n: int, profile) -> float:
+        ctx = build_context(q4_0_model, None, Workload(prompt=n, gen=4, n_ubatch=n), profile=profile, threads=2,
+                            progress=False)
+        pm = ctx.passes[Ubatch(n)]
+        times = plain_times(pm, cal, profile)
+        assert times is not None
+        pm.set_plain_times(times)
+        return pm.cost(Placement(frozenset(), 0, {w: 1 << 30 for w in pm.weights}, dict.fromkeys(pm.weights,
+                                                                                                 PLAIN))).total_us
+
+    assert all_plain(top, faster) == pytest.approx(all_plain(top, cpu_context.profile), rel=1e-9)
+    assert all_plain(big, faster) < 0.95 * all_plain(big, cpu_context.profile)
+
+
 def _skewed(ctx, plain_faster_from: int):
     """A copy of `ctx` whose pass models' layout times are what a CPU like the EPYC's looks like:
     repacked twice as fast below `plain_faster_from` columns, plain twice as fast from there

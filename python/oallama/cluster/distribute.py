@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InfeasiblePlanError, PlanError
 from ..model import gguf_file
 from ..options import add_arguments, from_args, group, option
+from ..runtime import devices as devmod
 from ..runtime import planfile
 from .problem import (
     CLIENT,
@@ -383,7 +384,7 @@ def _cmd_distribute(args: argparse.Namespace) -> int:
     threads = a.threads or max((os.cpu_count() or 2) // 2, 1)  # llama-cpp-python's default
     time_threads = None
     if a.time_blocks:
-        size, avail = Path(a.model).stat().st_size, _available_bytes()
+        size, avail = Path(a.model).stat().st_size, devmod.host_available_bytes()
         if avail is not None and size > avail:
             print(f"not timing the blocks: {Path(a.model).name} ({size / 2**30:.1f} GiB) is larger than the "
                   f"available memory ({avail / 2**30:.1f} GiB); FLOPs of the weight matmuls only", file=sys.stderr)
@@ -410,17 +411,6 @@ def _cmd_distribute(args: argparse.Namespace) -> int:
         print(f"output: {gen.text!r}")
         llm.close()
     return 0
-
-
-def _available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (bytes), None where there is none."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

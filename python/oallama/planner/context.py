@@ -25,7 +25,7 @@ from ..runtime.place import layer_weights
 from .cost import devicemodel, opsizes
 from .cost.calfit import Calibration, interpolated
 from .cost.measure import profile_model
-from .cost.profile import DEFAULT_TOKENS, PLAIN, Link, Profile, default_settings, grid_columns
+from .cost.profile import DEFAULT_TOKENS, PLAIN, REPACK, Link, Profile, default_settings, grid_columns
 from .cost.schedmodel import HOST, PassModel, Placement, kv_bytes_per_layer, weight_bytes
 from .graph import Graph, GraphSession, attention_layers, target_ops
 from .workload import ONE, Ubatch, Workload
@@ -237,7 +237,7 @@ def build_context(path: str | Path, acc: str | None, workload: Workload, *, prof
                 f"{stream.bytes_per_us / 1e3:.2f} GB/s per weight (a one-op copy: {h2d.latency_us:.0f} us + "
                 f"{h2d.bytes_per_us / 1e3:.2f} GB/s)")
     for u, pm in passes.items():
-        times = plain_times(pm, profile.calibration)
+        times = plain_times(pm, profile.calibration, profile)
         if times is None:
             continue
         pm.set_plain_times(times)
@@ -378,31 +378,72 @@ def stream_link(pm: PassModel, measured: Mapping[str, Any] | None) -> Link | Non
     return Link(max(left - nbytes / bw0, 0.0) / c.n_streamed, bw0)
 
 
-def plain_times(pm: PassModel, cal: Calibration | None) -> dict[int, float] | None:
+def plain_times(pm: PassModel, cal: Calibration | None, profile: Profile | None = None) -> dict[int, float] | None:
     """What each host weight matmul that a default load repacks costs in plain memory (us), from the
-    calibration's host passes in a default load and in one with every repacked weight plain
-    (`realpass.measure_layouts`). A shape whose nodes took well over what timing a node alone adds
-    (SHAPE_NODE_MIN) costs its repacked time times its ratio of plain to repacked node times (between
-    timed pass sizes interpolated on log tokens); another shape its one-op plain time. All of them are
-    then scaled alike so that the model costs the all-plain placement at the measured ratio of the two
-    loads' walls times its default cost. None without a measurement or anything to scale."""
+    calibration's host passes with those weights repacked and plain (`realpass.measure_layouts`).
+    A shape whose nodes took well over what timing a node alone adds (SHAPE_NODE_MIN) costs its
+    repacked time times its ratio of plain to repacked node times (between timed pass sizes
+    interpolated on log tokens); another shape its one-op plain time. All of them are then scaled
+    alike so that the model costs the all-plain placement at the measured ratio of the two layouts'
+    walls times its default cost. None without a measurement or anything to scale.
+
+    A pass larger than the largest timed one (a full 8B's calibration times 1 and 32 tokens at 2
+    threads; its workloads prompt in 512-token passes) carries the measurement's corrections to the
+    one-op `profile`, which times every weight in both layouts at up to 512 columns, not its ratios:
+    each shape costs its repacked time times the profile's ratio at the pass's columns times the
+    shape's measured / profiled ratio at the largest timed pass, and the walls' measured / modelled
+    ratio there scales them (`_beyond`). The q4_K matrices' plain / repacked ratio falls from 0.8
+    at 32 columns to 0.55 at 512 on this VM's CPU, where the real graph's 512-token prompt ran 0.59
+    (bench/results/2026-11-28-vm-layouts-zen4): a ratio carried from 32 tokens chose repacked
+    weights that ran the prompt 1.7x slower."""
     measured = cal.layouts if cal is not None else None
     sizes = {int(n): v["plain_us"] / v["default_us"] for n, v in ((measured or {}).get("sizes") or {}).items()
              if v.get("default_us", 0) > 0 and v.get("plain_us", 0) > 0}
     scaled = pm.repacked_by_default()
-    if not sizes or not scaled:
+    if not sizes or not scaled or measured is None:
         return None
-    ratio = interpolated(sizes, pm.n_tokens)
     h_us = cal.devices[HOST].node_overhead_us if cal is not None and HOST in cal.devices else 0.0
-    shapes = shape_ratios(measured or {}, h_us, pm.n_tokens)
     host = Placement(frozenset(), 0, {w: 1 << 30 for w in pm.weights})  # all on the host, nothing streamed
     default = pm.cost(host).total_us
     repacked = sum(pm.t_host[i] for i in scaled)  # us, as a default load runs them
-    plain = {i: (pm.t_host[i] * shapes[pm.shape_key[i]] if pm.shape_key.get(i) in shapes else pm.plain_profiled[i])
-             for i in scaled}  # us, before the walls' ratio
+    if profile is not None and pm.n_tokens > max(sizes):
+        plain, g = _beyond(pm, measured, h_us, max(sizes), profile)
+        ratio = g * (default - repacked + sum(plain.values())) / default if default > 0 else 0.0
+    else:
+        ratio = interpolated(sizes, pm.n_tokens)
+        shapes = shape_ratios(measured, h_us, pm.n_tokens)
+        plain = {i: (pm.t_host[i] * shapes[pm.shape_key[i]] if pm.shape_key.get(i) in shapes
+                     else pm.plain_profiled[i]) for i in scaled}  # us, before the walls' ratio
     total = sum(plain.values())
     f = (ratio * default - default + repacked) / total if total > 0 else 0.0
     return {i: t * f for i, t in plain.items()} if f > 0 else None
+
+
+def _beyond(pm: PassModel, measured: Mapping[str, Any], h_us: float, top: int,
+            profile: Profile) -> tuple[dict[int, float], float]:
+    """`plain_times` past the largest timed pass (`top` tokens): each repacked weight's plain time (us)
+    from the profile's ratio at its columns and its shape's correction at `top` (the measured ratio over the
+    profile's at the columns it had there), and the walls' correction at `top`: their measured ratio over
+    what the shapes' node times there give (1 + plain - repacked node time over the default wall)."""
+    ops = {op.index: op for op in target_ops(pm.graph)}
+    at_top = shape_ratios(measured, h_us, top)
+
+    def profiled(i: int, cols: int) -> float:  # one-op plain / repacked time of weight matmul i at cols columns
+        rep = profile.op_time_us(HOST, ops[i], n=cols, layout=REPACK)
+        return profile.op_time_us(HOST, ops[i], n=cols, layout=PLAIN) / rep if rep > 0 else 1.0
+
+    plain: dict[int, float] = {}
+    for i in pm.repacked_by_default():
+        cols = ops[i].n_tokens  # a prompt's output matmul: its last token's column only
+        k = pm.shape_key[i]
+        c = at_top[k] / profiled(i, max(1, round(cols * top / pm.n_tokens))) if k in at_top else 1.0
+        plain[i] = pm.t_host[i] * profiled(i, cols) * c
+    v = measured["sizes"][str(top)]
+    keys = {pm.shape_key[i] for i in plain}
+    diff = sum(float(sh.get("plain_us", 0)) - float(sh.get("default_us", 0))
+               for k, sh in (v.get("shapes") or {}).items() if k in keys)  # the timing overheads cancel
+    modelled = 1.0 + diff / v["default_us"]
+    return plain, (v["plain_us"] / v["default_us"]) / modelled if modelled > 0 else 1.0
 
 
 def shape_ratios(measured: Mapping[str, Any], h_us: float, n_tokens: int) -> dict[str, float]:

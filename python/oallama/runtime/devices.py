@@ -21,6 +21,7 @@ import socket
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from .. import _core, _libs
 from ..errors import RpcServerError, UnknownDeviceError
@@ -102,6 +103,18 @@ def device_memory(name: str) -> tuple[int, int]:
         probe_endpoint(d.description, timeout=2.0)
     free, total = _core.device_memory(d.name)
     return int(free), int(total)
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (bytes: free memory and what the kernel can reclaim, the page
+    cache of a mapped model included), None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

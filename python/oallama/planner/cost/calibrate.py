@@ -53,9 +53,9 @@ split the one-op launch does not see (a CPU<->GPU synchronisation at each change
 H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 `context.split_cost`). A mixture of experts' routing is recorded in one prompt pass on the host (how
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
-routing.py). Every round also times the host's passes in two loads back to back, a default one (ggml
-repacks the weights its kernels can) and one with those weights in plain memory (`layouts`, the round
-with the median ratio kept), and one pass per size node by node in each: a plan that lays weights
+routing.py). Every round also times the host's passes with the weights a default load repacks (ggml's
+kernels' layout) repacked and in plain memory, alternating pass by pass in one load that holds both
+(`layouts`, the round with the median ratio kept), and one pass per size node by node in each: a plan that lays weights
 out costs each shape's plain time at its ratio of node times, all scaled to the walls' ratio
 (`context.plain_times`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
 1.09x, its attention matrices 1.67x against 1.11x). Calibration is a step of `profile` (cached with it;
@@ -81,6 +81,7 @@ from ..graph import AttentionLayers, attention_layers
 from . import attnspan, outside
 from .calfit import Calibration, fit, kind, line, refitted, work
 from .realpass import (
+    REPACK,
     VIEW_OPS,
     Run,
     decode_load_kwargs,
@@ -93,7 +94,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 41  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 42  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -109,7 +110,8 @@ VERSION = 41  # of the method: part of a calibrated profile's cache key (what ea
 # bench/results/2026-11-28-vm-ubatch-anchor; 40: the prompt spans also after 3072 written cells, the prompt lines
 # bent at 1024, attnspan.PROMPT_TAIL, bench/results/2026-11-28-vm-prompt-tail; 41: the decode spans also after
 # the workload's own past, added to a cached calibration per workload, `with_decode_tail`,
-# bench/results/2026-11-28-vm-decode-at-past)
+# bench/results/2026-11-28-vm-decode-at-past; 42: the layouts' passes alternated in one dual load,
+# `realpass.measure_layouts`, bench/results/2026-11-29-vm-paired-layouts)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -459,6 +461,9 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
     host_outside: dict[tuple[int, int], float] = {}
     host_s = 0.0  # seconds the host load took
     host_sizes: list[int] = []  # the pass sizes the host load timed
+    # the weights the host load repacked (name -> bytes) when it is the layouts' own default load (the CPU alone;
+    # with an accelerator's pinned buffers in the list, llama.cpp may place host weights otherwise): None to find them
+    repacked: dict[str, int] | None = None
     for i, (what, kw) in enumerate(loads):
         t_load = time.perf_counter()
         if progress:
@@ -495,18 +500,20 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             if what == "host":  # with an accelerator, reading its results back is the model's copies
                 host_outside = outside.overheads(llm, load.outside, reps)
                 host_sizes = sorted({n for n, _ in load.walls})
+                if not accs:  # none found: the layouts' own default load looks again
+                    repacked = {t.name: t.nbytes for t in llm.tensor_placements() if t.buffer_type == REPACK} or None
         finally:
             llm.close()
         if what == "host":
             host_s = time.perf_counter() - t_load
-    # the host's weights repacked and in plain memory, every round (the two loads' passes back to back;
-    # the rounds' median ratio is kept: qwen3moe-small's one pair gave plain/repacked 0.93 / 1.25 / 0.98
+    # the host's weights repacked and in plain memory, every round (alternated in one load where host memory
+    # holds both copies, else two loads one after the other; the rounds' median ratio is kept: qwen3moe-small's one pair gave plain/repacked 0.93 / 1.25 / 0.98
     # at 1 / 32 / 128 tokens, this CPU's decode moving by a third between minutes)
     if progress:
         print("\rcalibrate: real graph, host weights repacked and plain".ljust(100), end="", file=sys.stderr,
               flush=True)
     layouts = measure_layouts(path, sizes=host_sizes, n_ctx=n_ctx, n_prefill=n_prefill, threads=threads, mmap=mmap,
-                              reps=reps, attention=attention, decode=decode)
+                              reps=reps, attention=attention, decode=decode, repacked=repacked)
     if host_only:
         return Round(points, splits, host_outside, host_s=host_s, layouts=layouts)
     stream: dict[str, dict[str, Any]] = {}

@@ -40,13 +40,14 @@ from ...errors import ProfileError
 from ...runtime import devices as devmod
 from ...runtime import kvcache
 from ...runtime import rpc as rpcmod
+from ...runtime.place import HOST_LAYOUT_NAMES
 from ..graph import Inventory, TargetOp
 from .calfit import Calibration
 from .calibrate import VERSION as CALIBRATION_VERSION
 
 SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
-PLAIN, REPACK, DUAL = "CPU", "CPU_REPACK", "CPU_REPACK_DUAL"  # host weight layouts (ggml buffer types)
+PLAIN, REPACK, DUAL = HOST_LAYOUT_NAMES  # host weight layouts (ggml buffer types)
 HOST_LAYOUTS = (PLAIN, REPACK)  # timed per host matmul; DUAL runs one or the other (by batch)
 LAYOUTS_VERSION = 2  # how `layouts` is measured (part of the profile key); 2: MUL_MAT_ID too
 

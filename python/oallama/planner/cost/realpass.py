@@ -23,10 +23,12 @@ from typing import Any
 from ... import _core
 from ...errors import OallamaError, ProfileError
 from ...runtime.kvcache import NO_FLASH_ATTN
+from ...runtime.place import HOST_LAYOUT_NAMES
 from ..graph import class_key
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
 MATMUL_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID"})
+PLAIN, REPACK, DUAL = HOST_LAYOUT_NAMES  # host weight layouts (ggml buffer types)
 
 
 @dataclass
@@ -222,21 +224,112 @@ def measure_scatter(path: str | Path, info: Any, acc: str, *, n_gpu_layers: int,
             "on_acc": on_acc, "kv_layers": min(max(n_gpu_layers - 1, 0), n_layer)}
 
 
+DUAL_MARGIN = 1 << 30  # bytes of host memory left free beyond a dual load's second copy of its repacked weights
+
+
 def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill: int, threads: int, mmap: bool,
-                    reps: int, attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1) -> dict[str, Any] | None:
+                    reps: int, attention: Mapping[str, Any] = NO_FLASH_ATTN, decode: int = 1,
+                    repacked: Mapping[str, int] | None = None) -> dict[str, Any] | None:
     """Host-only passes of each size in `sizes` (1: decode after n_prefill tokens, the mean of its
     passes; `decode` > 1: a decode pass of that many sequences after n_prefill tokens, its outputs
-    as many, the median; another n > 1: a prompt of n tokens, the median) in two loads one after the other: a default
-    load (ggml repacks what its CPU kernels can) and one with those weights in plain memory. The
+    as many, the median; another n > 1: a prompt of n tokens, the median) with the weights a default
+    load repacks (ggml's CPU kernels' layout) in both layouts: repacked and in plain memory. The
     one-op profile times each weight in both layouts, but its plain times missed the real graph's
     (the full 8B's decode: plain 1.38x repacked, measured; 1.09x, profiled;
     bench/results/2026-11-24-vm-layout-scale), and by shape more still (its attention matrices 1.67x
     slower plain in the real graph, 1.11x in the profile; its FFN gate 1.70x against 1.89x;
     bench/results/2026-11-25-vm-8b-layouts). So each pass size also times one pass node by node in
-    both loads: per weight matmul shape (`graph.class_key`), its nodes' summed times in each load
+    both layouts: per weight matmul shape (`graph.class_key`), its nodes' summed times in each
     and their count (`shapes`). The plan costs each plain weight at its shape's ratio of those times
-    and the all-plain pass at the ratio of the walls (`context.plain_times`). None when a default
-    load repacks nothing."""
+    and the all-plain pass at the ratio of the walls (`context.plain_times`).
+
+    `repacked` (the weights a default load repacks: name -> bytes, as found), with a mapped model and host memory
+    for a second copy of them: one load holds them in the dual layout (patch 0006) and the two layouts
+    alternate pass by pass, each pair in the same minute ("paired"). Otherwise two loads one after the
+    other, a default one and one with those weights plain; the VM drifts 1.4x between minutes, and so
+    the full 8B's 32-token ratio came out 0.92 from two loads where alternated passes gave 0.82, its
+    decode's 1.27 against 1.10 (bench/results/2026-11-29-vm-paired-layouts). None when a default load
+    repacks nothing."""
+    from ...runtime import devices as devmod
+
+    kw: dict[str, Any] = dict(n_ctx=n_ctx, n_batch=max(sizes), n_ubatch=max(sizes), n_threads=threads,
+                              n_threads_batch=threads, use_mmap=mmap, verbose=False, n_gpu_layers=0,
+                              op_offload=False, **attention, **decode_load_kwargs(decode))
+    avail = devmod.host_available_bytes()
+    if repacked and mmap and avail is not None and avail >= 2 * sum(repacked.values()) + DUAL_MARGIN:
+        return _paired_layouts(path, dict(repacked), sizes, n_prefill, reps, decode, kw)
+    return _layouts_two_loads(path, sizes, n_prefill, reps, decode, kw)
+
+
+def _layout_pass(tokens: list[int], n: int, n_prefill: int, decode: int) -> tuple[list[int], list[int], int]:
+    """(prefix, batch, outputs) of `measure_layouts`' pass of n tokens."""
+    if n == 1 or n == decode:
+        return tokens[:n_prefill], tokens[n_prefill:n_prefill + n], n if n == decode else 1
+    return [], tokens[:n], 1
+
+
+def _layout_walls(llm: Any, tokens: list[int], n: int, n_prefill: int, decode: int, reps: int,
+                  warm: bool = True) -> list[float]:
+    """Wall times of `measure_layouts`' pass of n tokens (us): a decode's the mean of consecutive passes
+    (`decode_walls`), one value; another pass's each of `reps`, after a warm-up when `warm`."""
+    prefix, batch, outputs = _layout_pass(tokens, n, n_prefill, decode)
+    if n == 1:
+        return [statistics.fmean(decode_walls(llm, tokens, n_prefill, reps))]
+    if warm:
+        timed_eval(llm, None, prefix, batch, [], outputs)  # warm-up (graph build, allocation)
+    return [timed_eval(llm, None, prefix, batch, [], outputs).wall_us for _ in range(reps)]
+
+
+def _layout_nodes(llm: Any, tokens: list[int], n: int, n_prefill: int, decode: int) -> dict[str, tuple[float, int]]:
+    """One pass of n tokens node by node: its weight matmul shapes' summed times (`_matmul_shapes`)."""
+    prefix, batch, outputs = _layout_pass(tokens, n, n_prefill, decode)
+    with _core.NodeTimer(llm.native_context) as timer:
+        return _matmul_shapes(timed_eval(llm, timer, prefix, batch, [], outputs).nodes)
+
+
+def _record(size: dict[str, Any], what: str, us: float, shapes: Mapping[str, tuple[float, int]]) -> None:
+    size[f"{what}_us"] = us
+    for key, (t, count) in shapes.items():
+        size.setdefault("shapes", {}).setdefault(key, {})[f"{what}_us"] = t
+        size["shapes"][key]["nodes"] = count
+
+
+def _paired_layouts(path: str | Path, repacked: dict[str, int], sizes: list[int], n_prefill: int, reps: int,
+                    decode: int, kw: dict[str, Any]) -> dict[str, Any]:
+    """`measure_layouts` in one dual load: a pass of n tokens runs the repacked copies where the dual
+    threshold is above n (`_core.cpu_set_dual_max_batch`, process-wide, read at each matmul) and the
+    plain bytes where it is 1; the layouts alternate default, plain, plain, default, ... ."""
+    from ...runtime.generate import prompt_tokens
+    from ...runtime.llama import Llama
+
+    out: dict[str, Any] = {"n_past": n_prefill, "sizes": {}, "n_weights": len(repacked),
+                           "weight_bytes": sum(repacked.values()), "paired": True}
+    try:
+        llm = Llama(str(path), devices=["CPU"], layouts=dict.fromkeys(repacked, DUAL), dual_max_batch=1, **kw)
+    except (OallamaError, ValueError, RuntimeError) as e:
+        raise ProfileError(f"calibration: could not load {path} (dual layouts load): {e}") from None
+    try:
+        tokens = prompt_tokens(llm, kw["n_ctx"])
+        for n in sizes:
+            walls: dict[str, list[float]] = {"default": [], "plain": []}
+            size = out["sizes"].setdefault(str(n), {})
+            for k in range(reps):
+                for what in ("default", "plain") if k % 2 == 0 else ("plain", "default"):
+                    _core.cpu_set_dual_max_batch(n + 1 if what == "default" else 1)
+                    walls[what] += _layout_walls(llm, tokens, n, n_prefill, decode, 1, warm=k == 0)
+                    if k == 0:  # one pass node by node in each layout
+                        _record(size, what, 0.0, _layout_nodes(llm, tokens, n, n_prefill, decode))
+            for what, us in walls.items():
+                size[f"{what}_us"] = statistics.median(us)
+            size["ratios"] = [p / d for d, p in zip(walls["default"], walls["plain"], strict=True) if d > 0]
+    finally:
+        llm.close()
+    return out
+
+
+def _layouts_two_loads(path: str | Path, sizes: list[int], n_prefill: int, reps: int, decode: int,
+                       kw: dict[str, Any]) -> dict[str, Any] | None:
+    """`measure_layouts` in a default load and then one with the weights it repacked plain."""
     from ...runtime.generate import prompt_tokens
     from ...runtime.llama import Llama
 
@@ -244,40 +337,21 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     layouts: dict[str, str] = {}
     for what in ("default", "plain"):
         try:
-            llm = Llama(str(path), devices=["CPU"], layouts=layouts or None, n_ctx=n_ctx, n_batch=max(sizes), n_ubatch=max(sizes),
-                        n_threads=threads, n_threads_batch=threads, use_mmap=mmap, verbose=False,
-                        n_gpu_layers=0, op_offload=False, **attention, **decode_load_kwargs(decode))
+            llm = Llama(str(path), devices=["CPU"], layouts=layouts or None, **kw)
         except (OallamaError, ValueError, RuntimeError) as e:
             raise ProfileError(f"calibration: could not load {path} ({what} layouts load): {e}") from None
         try:
             if what == "default":
-                repacked = [t for t in llm.tensor_placements() if t.buffer_type == "CPU_REPACK"]
-                if not repacked:
+                placed = [t for t in llm.tensor_placements() if t.buffer_type == REPACK]
+                if not placed:
                     return None
-                layouts = {t.name: "CPU" for t in repacked}
-                out.update(n_weights=len(repacked), weight_bytes=sum(t.nbytes for t in repacked))
-            tokens = prompt_tokens(llm, n_ctx)
+                layouts = {t.name: PLAIN for t in placed}
+                out.update(n_weights=len(placed), weight_bytes=sum(t.nbytes for t in placed))
+            tokens = prompt_tokens(llm, kw["n_ctx"])
             for n in sizes:
-                outputs = n if n == decode else 1
-                if n == 1:
-                    us = statistics.fmean(decode_walls(llm, tokens, n_prefill, reps))
-                    prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + 1]
-                elif outputs > 1:
-                    prefix, batch = tokens[:n_prefill], tokens[n_prefill:n_prefill + n]
-                    timed_eval(llm, None, prefix, batch, [], outputs)  # warm-up
-                    us = statistics.median(timed_eval(llm, None, prefix, batch, [], outputs).wall_us
-                                           for _ in range(reps))
-                else:
-                    timed_eval(llm, None, [], tokens[:n], [])  # warm-up (graph build, allocation)
-                    us = statistics.median(timed_eval(llm, None, [], tokens[:n], []).wall_us for _ in range(reps))
-                    prefix, batch = [], tokens[:n]
                 size = out["sizes"].setdefault(str(n), {})
-                size[f"{what}_us"] = us
-                with _core.NodeTimer(llm.native_context) as timer:
-                    nodes = timed_eval(llm, timer, prefix, batch, [], outputs).nodes
-                for key, (t, count) in _matmul_shapes(nodes).items():
-                    size.setdefault("shapes", {}).setdefault(key, {})[f"{what}_us"] = t
-                    size["shapes"][key]["nodes"] = count
+                us = statistics.median(_layout_walls(llm, tokens, n, n_prefill, decode, reps))
+                _record(size, what, us, _layout_nodes(llm, tokens, n, n_prefill, decode))
         finally:
             llm.close()
     return out

@@ -1,0 +1,25 @@
+import statistics, sys, time, os
+from oallama import _core
+from oallama.runtime.llama import Llama
+from oallama.runtime.generate import prompt_tokens
+from oallama.planner.cost.realpass import timed_eval
+from oallama.planner.cost import attnspan
+path = sys.argv[1]; nb = int(sys.argv[2])
+print("load", os.getloadavg())
+llm = Llama(path, devices=["CPU"], n_ctx=512, n_batch=nb, n_ubatch=nb, n_threads=2, n_threads_batch=2,
+            verbose=False, n_gpu_layers=0, op_offload=False)
+toks = prompt_tokens(llm, 512)
+for n, past in ((1, 32), (32, 0)):
+    prefix, batch = toks[:past], toks[past:past + n]
+    timed_eval(llm, None, prefix, batch, [])
+    with _core.NodeTimer(llm.native_context) as timer:
+        stops = attnspan.split_ends(timed_eval(llm, timer, prefix, batch, []).nodes)
+        a, b = [], []
+        for k in range(4):
+            a.append(timed_eval(llm, None, prefix, batch, []).wall_us / 1e3)
+            r = timed_eval(llm, timer, prefix, batch, stops)
+            b.append((r.wall_us / 1e3, r.nodes[stops[-1]].range_us / 1e3))
+    print(n, past, "no timer", [round(x, 1) for x in a], "split mode (wall, split)", [(round(x, 1), round(y, 1)) for x, y in b])
+    sys.stdout.flush()
+llm.close()
+print("load", os.getloadavg())
