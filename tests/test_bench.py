@@ -611,3 +611,14 @@ def test_rpc_cpus_place_the_local_server_only(tmp_path: Path) -> None:
 
     with pytest.raises(PlanError, match="--rpc-cpus places the --rpc-local server"):
         BenchOptions(models=[tmp_path / "m.gguf"], rpc_cpus=(0,)).check()
+
+
+def test_a_worker_s_host_peak_is_its_own() -> None:
+    """A process spawned after its parent held 400 MiB reports its own peak, not the parent's (Python's
+    subprocess spawns by vfork, and getrusage's ru_maxrss keeps the parent's peak across the exec)."""
+    held = bytearray(400 << 20)
+    held[::4096] = b"\1" * len(range(0, len(held), 4096))  # touched: resident
+    del held
+    code = "from oallama.runtime.devices import peak_rss_bytes; print(peak_rss_bytes())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert 0 < int(r.stdout) < 300 << 20, r.stdout

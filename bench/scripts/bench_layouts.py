@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ PROMPT_WARMUP = (32, 4)  # tokens: the discarded warm-up generation (touches eve
 def _worker(spec_path: str) -> int:
     """One run in this fresh process: load with the plan, warm up, generate, write the result."""
     from oallama import Llama
+    from oallama.runtime.devices import peak_rss_bytes
     from oallama.runtime.generate import prompt_tokens, timed_generate, timed_parallel
 
     spec = json.loads(Path(spec_path).read_text())
@@ -68,7 +68,7 @@ def _worker(spec_path: str) -> int:
     g = gen(spec["prompt"], spec["gen"])
     out = {"ttft_ms": g.ttft_s * 1e3, "tpot_ms": g.tpot_s * 1e3, "e2e_ms": g.e2e_s * 1e3, "load_s": load_s,
            "buffer_types": kinds, "tokens_sha": hashlib.sha256(json.dumps(g.tokens).encode()).hexdigest()[:16],
-           "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "host_peak_bytes": peak_rss_bytes(),
            "load_avg_before": load_before, "load_avg_after": os.getloadavg()[0]}
     llm.close()
     Path(spec["result"]).write_text(json.dumps(out))

@@ -70,8 +70,6 @@ class _DeviceMemory:
 
 def run_worker(spec_path: str) -> int:
     """Run the configuration described by SPEC (written by `bench._launch`); write its raw result."""
-    import resource
-
     from ..planner.cost import hostspeed
     from ..runtime.generate import prompt_tokens, timed_generate
     from ..runtime.llama import Llama
@@ -120,7 +118,6 @@ def run_worker(spec_path: str) -> int:
     speed_now = hostspeed.mean([speed_before, speed_after])
     speed_vs = hostspeed.ratios(spec["plan"].get("profile_host_speed"), speed_now)
     llm.close()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
     result = {**spec, "status": "ok", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_s": load_s, "samples": samples,
               "warmup_samples": warm, "prompt_tokens": len(prompt), "gen_tokens": cfg["gen"],
               "load_avg_end": load_end, "host_speed": {"reference": hostspeed.REF_DESCRIPTION, "before": speed_before,
@@ -128,7 +125,7 @@ def run_worker(spec_path: str) -> int:
                                                        "ops_vs_profile": hostspeed.op_ratios(
                                                            spec["plan"].get("profile_host_speed"), speed_now)},
               "tokens_sha": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
-              "memory": {"host_peak_bytes": ru.ru_maxrss * 1024,  # ru_maxrss is in KiB on Linux
+              "memory": {"host_peak_bytes": devmod.peak_rss_bytes(),
                          "device_peak_bytes": mem.peak(), "device_source": mem.source,
                          "device_planned_bytes": spec["plan"]["memory"]["total"]},
               "placement": {"acc_weight_bytes": acc_bytes, "mismatches": mismatches[:20],
