@@ -298,7 +298,9 @@ def _paired_layouts(path: str | Path, repacked: dict[str, int], sizes: list[int]
                     decode: int, kw: dict[str, Any]) -> dict[str, Any]:
     """`measure_layouts` in one dual load: a pass of n tokens runs the repacked copies where the dual
     threshold is above n (`_core.cpu_set_dual_max_batch`, process-wide, read at each matmul) and the
-    plain bytes where it is 1; the layouts alternate default, plain, plain, default, ... ."""
+    plain bytes where it is 1; the layouts alternate default, plain, plain, default, ... . The threshold is
+    left where the last pass set it: a dual load sets its own when it loads (`runtime.llama.Llama`), so a
+    model with dual layouts must not be open in the process while this runs."""
     from ...runtime.generate import prompt_tokens
     from ...runtime.llama import Llama
 
