@@ -10,7 +10,7 @@ import pytest
 from oallama import ProfileError, _core
 from oallama.planner.cost import hostspeed
 from oallama.planner.cost.measure import profile_model
-from oallama.planner.cost.profile import SCHEMA, Link, Profile, Settings
+from oallama.planner.cost.profile import SCHEMA, Link, Profile, Settings, device_identity, host_description
 from oallama.planner.graph import TargetOp, inventory
 from oallama.planner.workload import Ubatch
 from oallama.runtime import rpc
@@ -95,6 +95,30 @@ def test_json_round_trip(prof: Profile, tmp_path: Path) -> None:
     assert back.ops == prof.ops and back.key == prof.key and back.settings == prof.settings
     assert back.host_speed == prof.host_speed
     assert json.loads(p.read_text())["schema"] == SCHEMA
+
+
+def test_a_profile_keeps_the_machine_that_measured_it(prof: Profile, tmp_path: Path) -> None:
+    """A profile names the machine that measured it; saved again (on another machine, here a rewritten
+    one), it still names that one, not the machine that saved it."""
+    assert prof.host == host_description()
+    doc = prof.to_json()
+    doc["host"] = {**doc["host"], "node": "elsewhere", "cpu_detail": "family 0 model 0"}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    again = Profile.load(tmp_path / "a.json").save(tmp_path / "b.json")
+    assert json.loads(again.read_text())["host"] == doc["host"]
+
+
+def test_two_cpus_of_one_name_are_two_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's identity in profile and device-model keys has what tells apart two CPUs that report one name (a
+    VM's "AMD EPYC" is two generations here)."""
+    from oallama.planner.cost import profile as profmod
+    from oallama.runtime import devices as devmod
+
+    cpu = devmod.resolve("CPU")
+    monkeypatch.setattr(profmod, "cpu_detail", lambda: "family 25 model 1; L2 512K")
+    one = device_identity(cpu)
+    monkeypatch.setattr(profmod, "cpu_detail", lambda: "family 25 model 17; L2 1024K")
+    assert device_identity(cpu) != one and "family 25 model 17" in device_identity(cpu)
 
 
 def test_bad_profile_files(tmp_path: Path) -> None:

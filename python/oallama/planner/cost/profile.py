@@ -197,6 +197,9 @@ class Profile:
     # the devices' speed around the measurement (hostspeed.py): {"reference", "before", "after"},
     # each a hostspeed.measure_devices(); empty in profiles from before it was recorded
     host_speed: dict[str, Any] = field(default_factory=dict)
+    # the machine that measured it ({machine, node, cpu, cpu_detail}): this one's until saved, then kept as
+    # loaded (a profile saved again elsewhere still names where it was measured)
+    host: dict[str, Any] = field(default_factory=lambda: host_description())
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -259,7 +262,7 @@ class Profile:
                        self.build, {ren[k]: v for k, v in self.ops.items()},
                        {ren[k]: v for k, v in self.links.items()}, self.created, self.elapsed_s,
                        self.calibration.renamed(ren) if self.calibration is not None else None, self.layouts,
-                       self.host_speed)
+                       self.host_speed, self.host)
 
     def link(self, device: str, direction: str) -> Link:
         if device not in self.links:
@@ -338,8 +341,7 @@ class Profile:
                 "created": self.created, "elapsed_s": self.elapsed_s,
                 "calibration": self.calibration.to_json() if self.calibration is not None else None,
                 "layouts": self.layouts, "host_speed": self.host_speed,
-                "host": {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name(),
-                         "cpu_detail": cpu_detail()}}
+                "host": self.host}
 
     @staticmethod
     def from_json(doc: dict[str, Any], path: str | Path = "<profile>") -> Profile:
@@ -356,6 +358,7 @@ class Profile:
                                f"({type(e).__name__}: {e})") from None
         prof.layouts = doc.get("layouts") or {}
         prof.host_speed = doc.get("host_speed") or {}
+        prof.host = doc.get("host") or {}  # profiles from before it was recorded: not known
         if not all(isinstance(x, dict) for x in (prof.devices, prof.build, prof.ops, prof.layouts, prof.host_speed)) or \
                 not all(isinstance(t, dict) for t in [*prof.ops.values(), *prof.layouts.values()]):
             raise ProfileError(f"{path}: corrupt oallama profile: 'devices', 'build', 'ops' and 'layouts' must be "
@@ -405,6 +408,11 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def host_description() -> dict[str, str]:
+    """This machine, as a profile records where it was measured."""
+    return {"machine": platform.machine(), "node": platform.node(), "cpu": _cpu_name(), "cpu_detail": cpu_detail()}
 
 
 def cpu_detail() -> str:
@@ -460,11 +468,11 @@ def device_identity(d: devmod.Device) -> str:
             # the server's times depend on its threads (any port: oallama starts them on free ones)
             pid = rpcmod.listening_pid(host, port)
             theirs = rpcmod.restricted_cpus(pid) if pid is not None else None
-            return (f"rpc:loopback:{_cpu_name()}:threads={rpcmod.server_threads(host, port) or 'default'}"
+            return (f"rpc:loopback:{_cpu_name()}:{cpu_detail()}:threads={rpcmod.server_threads(host, port) or 'default'}"
                     + (f":server_cpus={theirs}" if theirs else "") + mine)
         return f"rpc:{d.description}"
-    if d.kind == "cpu":
-        return f"{d.kind}:{d.name}:{d.description}{mine}"
+    if d.kind == "cpu":  # its name, and what tells apart two CPUs of that name
+        return f"{d.kind}:{d.name}:{d.description}:{cpu_detail()}{mine}"
     return f"{d.kind}:{d.name}:{d.description}"
 
 
