@@ -105,16 +105,21 @@ def device_memory(name: str) -> tuple[int, int]:
     return int(free), int(total)
 
 
-def host_available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (bytes: free memory and what the kernel can reclaim, the page
-    cache of a mapped model included), None where there is none."""
+def _proc_bytes(path: str, key: str) -> int | None:
+    """A "Key:   N kB" line of a /proc file (bytes), None where there is none."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (bytes: free memory and what the kernel can reclaim, the page
+    cache of a mapped model included), None where there is none."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 def peak_rss_bytes() -> int:
@@ -122,12 +127,9 @@ def peak_rss_bytes() -> int:
     started. getrusage's ru_maxrss also keeps the peak of the process that spawned it where that
     used vfork, as Python's subprocess does: a bench worker started after a 12 GB calibration
     reported 12 GB whatever it loaded."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    hwm = _proc_bytes("/proc/self/status", "VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux

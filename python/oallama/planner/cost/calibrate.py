@@ -500,7 +500,7 @@ def _measure_round(path: str | Path, devices: Sequence[str], *, threads: int, n_
             if what == "host":  # with an accelerator, reading its results back is the model's copies
                 host_outside = outside.overheads(llm, load.outside, reps)
                 host_sizes = sorted({n for n, _ in load.walls})
-                if not accs:  # none found: the layouts' own default load looks again
+                if not accs:  # none found (None): the layouts' own default load looks again
                     repacked = {t.name: t.nbytes for t in llm.tensor_placements() if t.buffer_type == REPACK} or None
         finally:
             llm.close()

@@ -314,15 +314,16 @@ def _paired_layouts(path: str | Path, repacked: dict[str, int], sizes: list[int]
         tokens = prompt_tokens(llm, kw["n_ctx"])
         for n in sizes:
             walls: dict[str, list[float]] = {"default": [], "plain": []}
-            size = out["sizes"].setdefault(str(n), {})
+            nodes: dict[str, dict[str, tuple[float, int]]] = {}  # one pass node by node in each layout
             for k in range(reps):
                 for what in ("default", "plain") if k % 2 == 0 else ("plain", "default"):
                     _core.cpu_set_dual_max_batch(n + 1 if what == "default" else 1)
                     walls[what] += _layout_walls(llm, tokens, n, n_prefill, decode, 1, warm=k == 0)
-                    if k == 0:  # one pass node by node in each layout
-                        _record(size, what, 0.0, _layout_nodes(llm, tokens, n, n_prefill, decode))
+                    if what not in nodes:
+                        nodes[what] = _layout_nodes(llm, tokens, n, n_prefill, decode)
+            size = out["sizes"].setdefault(str(n), {})
             for what, us in walls.items():
-                size[f"{what}_us"] = statistics.median(us)
+                _record(size, what, statistics.median(us), nodes[what])
             size["ratios"] = [p / d for d, p in zip(walls["default"], walls["plain"], strict=True) if d > 0]
     finally:
         llm.close()
