@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -167,7 +168,8 @@ def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_mod
 def test_layouts_alternate_in_one_dual_load(q4_0_model: Path) -> None:
     """Given the weights a default load repacks, both layouts are timed in one dual load, pass by pass
     ("paired": a ratio per pair); without them (or without the memory) in two loads. Both give every
-    pass size's walls and every repacked shape's node times in each layout."""
+    pass size's walls and every repacked shape's node times in each layout; paired, each pair's node
+    times and their median."""
     from oallama.planner.cost.realpass import measure_layouts
 
     kw = dict(sizes=[1, 16], n_ctx=128, n_prefill=16, threads=2, mmap=True, reps=2)
@@ -189,6 +191,10 @@ def test_layouts_alternate_in_one_dual_load(q4_0_model: Path) -> None:
             assert all(sh["default_us"] > 0 and sh["plain_us"] > 0 for sh in v["shapes"].values())
     for n, v in paired["sizes"].items():
         assert len(v["ratios"]) == 2 and v["shapes"].keys() == apart["sizes"][n]["shapes"].keys()
+        for sh in v["shapes"].values():  # a pass node by node in every pair, the median kept
+            for what in ("default", "plain"):
+                assert len(sh[f"{what}_each_us"]) == 2
+                assert sh[f"{what}_us"] == pytest.approx(statistics.median(sh[f"{what}_each_us"]))
 
 
 def test_a_pass_past_the_timed_sizes_follows_the_profile(cpu_context, q4_0_model: Path) -> None:

@@ -55,7 +55,8 @@ H100, MiniCPM3's 353-split plan decoded 40 us per split slower than predicted;
 many distinct experts a pass of n tokens touches per layer: what a streamed expert tensor copies;
 routing.py). Every round also times the host's passes with the weights a default load repacks (ggml's
 kernels' layout) repacked and in plain memory, alternating pass by pass in one load that holds both
-(`layouts`, the round with the median ratio kept), and one pass per size node by node in each: a plan that lays weights
+(`layouts`, the round with the median ratio kept), and each pair a pass per size node by node in each (medians
+kept): a plan that lays weights
 out costs each shape's plain time at its ratio of node times, all scaled to the walls' ratio
 (`context.plain_times`; the full 8B's decode ran 1.38x slower plain, where the one-op profile gave
 1.09x, its attention matrices 1.67x against 1.11x). Calibration is a step of `profile` (cached with it;
@@ -94,7 +95,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 42  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 43  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -111,7 +112,8 @@ VERSION = 42  # of the method: part of a calibrated profile's cache key (what ea
 # bent at 1024, attnspan.PROMPT_TAIL, bench/results/2026-11-28-vm-prompt-tail; 41: the decode spans also after
 # the workload's own past, added to a cached calibration per workload, `with_decode_tail`,
 # bench/results/2026-11-28-vm-decode-at-past; 42: the layouts' passes alternated in one dual load,
-# `realpass.measure_layouts`, bench/results/2026-11-29-vm-paired-layouts)
+# `realpass.measure_layouts`, bench/results/2026-11-29-vm-paired-layouts; 43: a pass node by node in every pair
+# of them, each shape's median kept, bench/results/2026-11-29-vm-paired-nodes)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...

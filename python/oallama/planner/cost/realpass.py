@@ -241,7 +241,11 @@ def measure_layouts(path: str | Path, *, sizes: list[int], n_ctx: int, n_prefill
     bench/results/2026-11-25-vm-8b-layouts). So each pass size also times one pass node by node in
     both layouts: per weight matmul shape (`graph.class_key`), its nodes' summed times in each
     and their count (`shapes`). The plan costs each plain weight at its shape's ratio of those times
-    and the all-plain pass at the ratio of the walls (`context.plain_times`).
+    and the all-plain pass at the ratio of the walls (`context.plain_times`). Paired (below), every
+    pair times one pass node by node in each layout and each shape keeps its median (and each pair's,
+    `<layout>_each_us`): a shape's node ratio moved by up to 0.3 between pairs on the full Qwen3-8B,
+    and one pair's set the walls' correction at 1.62 where four gave a median of 1.045
+    (bench/results/2026-11-29-vm-paired-layouts/experiments/nodepairs.txt).
 
     `repacked` (the weights a default load repacks: name -> bytes, as found), with a mapped model and host memory
     for a second copy of them: one load holds them in the dual layout (patch 0006) and the two layouts
@@ -314,16 +318,17 @@ def _paired_layouts(path: str | Path, repacked: dict[str, int], sizes: list[int]
         tokens = prompt_tokens(llm, kw["n_ctx"])
         for n in sizes:
             walls: dict[str, list[float]] = {"default": [], "plain": []}
-            nodes: dict[str, dict[str, tuple[float, int]]] = {}  # one pass node by node in each layout
+            nodes: dict[str, list[dict[str, tuple[float, int]]]] = {"default": [], "plain": []}  # one per pass
             for k in range(reps):
                 for what in ("default", "plain") if k % 2 == 0 else ("plain", "default"):
                     _core.cpu_set_dual_max_batch(n + 1 if what == "default" else 1)
                     walls[what] += _layout_walls(llm, tokens, n, n_prefill, decode, 1, warm=k == 0)
-                    if what not in nodes:
-                        nodes[what] = _layout_nodes(llm, tokens, n, n_prefill, decode)
+                    nodes[what].append(_layout_nodes(llm, tokens, n, n_prefill, decode))
             size = out["sizes"].setdefault(str(n), {})
             for what, us in walls.items():
-                _record(size, what, statistics.median(us), nodes[what])
+                _record(size, what, statistics.median(us), _median_shapes(nodes[what]))
+                for key, sh in size["shapes"].items():  # each pair's, for re-prediction and diagnosis
+                    sh[f"{what}_each_us"] = [p[key][0] for p in nodes[what] if key in p]
             size["ratios"] = [p / d for d, p in zip(walls["default"], walls["plain"], strict=True) if d > 0]
     finally:
         llm.close()
@@ -358,6 +363,13 @@ def _layouts_two_loads(path: str | Path, sizes: list[int], n_prefill: int, reps:
         finally:
             llm.close()
     return out
+
+
+def _median_shapes(passes: list[dict[str, tuple[float, int]]]) -> dict[str, tuple[float, int]]:
+    """Per weight matmul shape, the median of its summed times over several passes (`_matmul_shapes`' each)."""
+    keys = dict.fromkeys(k for p in passes for k in p)
+    return {k: (statistics.median(p[k][0] for p in passes if k in p), max(p[k][1] for p in passes if k in p))
+            for k in keys}
 
 
 def _matmul_shapes(nodes: list[_core.NodeTime]) -> dict[str, tuple[float, int]]:
