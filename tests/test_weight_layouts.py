@@ -4,6 +4,7 @@ same model, read back where they were put, and the planner chooses them per weig
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -356,3 +357,32 @@ def test_expert_matmuls_are_timed_and_chosen_in_both_layouts(moe_q4_0: Path, tmp
     finally:
         llm.close()
     assert {w: where[w] for w in plan.placement.layouts} == plan.placement.layouts
+
+
+def test_confirmation_measures_llama_cpps_no_repack(cpu_context) -> None:
+    """On the CPU alone, llama.cpp's --no-repack (its default load with every weight plain) is one of
+    its own placements in the confirmation: measured as a baseline beside the default load, and kept,
+    its stock command saying --no-repack, when nothing measured faster than it."""
+    from oallama.planner import confirm as C
+    from oallama.planner.cost.schedmodel import Placement
+    from oallama.planner.plan import NO_REPACK_LABEL, confirmed
+    from oallama.runtime.planfile import ConfirmOptions
+
+    kept, _, conf = confirmed(cpu_context, None, ConfirmOptions(confirm_time=20, confirm_rounds=3, confirm_steps=2))
+    assert conf is not None
+    plain = next(c for c in conf.candidates if NO_REPACK_LABEL in c.labels)
+    default = next(c for c in conf.candidates if "layers" in c.labels)
+    assert plain.baseline and default.baseline and plain is not default
+    assert any(r is not None for r in plain.runs)  # measured, not only predicted
+    both = set(layoutmod.weight_costs(cpu_context, Placement()))
+    assert both and plain.plan.placement.layouts == dict.fromkeys(both, PLAIN)
+    assert plain.plan.stock_layouts() == ["--no-repack"]
+    assert kept.strategy == "optimal"
+
+    def runs(ms: float) -> list[dict[str, float] | None]:
+        return [{"objective_ms": ms}] * C.MIN_ROUNDS
+
+    others = [dataclasses.replace(c, runs=runs(100.0)) for c in conf.candidates if c is not plain]
+    chosen, _, _ = C.decide([*others, dataclasses.replace(plain, runs=runs(60.0))])
+    assert chosen.labels == plain.labels
+    assert "--no-repack" in chosen.plan.emit_args()

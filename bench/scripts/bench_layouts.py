@@ -4,7 +4,7 @@
 several workloads, measured end to end through llama.cpp with the predicted TTFT/TPOT beside.
 
     python bench/scripts/bench_layouts.py MODEL [--workloads 512:32,64:128,64:32:4] [--threads 2] [--reps 3]
-        [--host-budget 200%] [-o bench/results/<date>-<machine>-layouts]
+        [--host-budget 200%] [--confirm SECONDS] [-o bench/results/<date>-<machine>-layouts]
 
 A workload is prompt:gen, or prompt:gen:parallel for that many sequences decoded together (llama.cpp's
 -np: every decode pass carries one token of each, `runtime.generate.timed_parallel`).
@@ -75,10 +75,13 @@ def _worker(spec_path: str) -> int:
     return 0
 
 
-def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path) -> dict[str, Path | None]:
-    """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure."""
+def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path,
+           confirm_s: float | None = None) -> dict[str, Path | None]:
+    """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure;
+    confirm_s: also `optimal` confirmed by measurement within that many seconds (`optimal-confirmed`)."""
     from oallama.planner.cost.profile import PLAIN
-    from oallama.planner.plan import build_context, make_plan
+    from oallama.planner.plan import build_context, confirmed, make_plan
+    from oallama.runtime.planfile import ConfirmOptions
 
     ctx = build_context(model, None, wl, threads=threads, progress=True)
     default = make_plan(ctx, "layers", None)
@@ -86,12 +89,17 @@ def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path) -> d
     dual = make_plan(ctx, "optimal", None, host_budget=host_budget)
     all_plain = opt.placement.with_layouts({w: PLAIN for w in opt.placement.layouts})
     plain = dataclasses.replace(opt, strategy="all-plain", placement=all_plain, predicted=ctx.predict(all_plain))
+    rows = [("default", default), ("all-plain", plain), ("optimal", opt), ("optimal-dual", dual)]
+    if confirm_s is not None:
+        kept, _, _ = confirmed(ctx, None, ConfirmOptions(confirm_time=confirm_s), progress=True)
+        rows.append(("optimal-confirmed", kept))
     files: dict[str, Path | None] = {}
     seen: dict[str, str] = {}
-    for name, p in (("default", default), ("all-plain", plain), ("optimal", opt), ("optimal-dual", dual)):
+    for name, p in rows:
         key = json.dumps([sorted(p.placement.layouts.items()), p.placement.dual_max_batch])
         if key in seen:  # the same placement as another row: measured once, under the first name
             print(f"bench_layouts: {name} is the same placement as {seen[key]}", file=sys.stderr)
+            p.save(out / "plans" / f"{_tag(wl)}-{name}.json")  # kept: a confirmed plan records its measurement
             continue
         seen[key] = name
         path = out / "plans" / f"{_tag(wl)}-{name}.json"
@@ -120,6 +128,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
     ap.add_argument("--host-budget", default="200%", help="host memory for weights of the dual-layout plan")
     ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-layouts"))
+    ap.add_argument("--confirm", type=float, metavar="SECONDS", help="also measure `optimal` confirmed by "
+                    "measurement within this time (the planner's confirmation; its choice saved in plans/)")
     ap.add_argument("--report", action="store_true", help="only write the summaries again from OUT/runs/")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,7 +153,7 @@ def main() -> int:
         prompt_s, gen_s, *rest = wl.split(":")
         prompt, gen, par = int(prompt_s), int(gen_s), rest[0] if rest else "1"
         work = Workload(prompt=prompt, gen=gen, parallel=int(par.removesuffix("u")), kv_unified=par.endswith("u"))
-        plans = _plans(args.model, work, args.threads, args.host_budget, out)
+        plans = _plans(args.model, work, args.threads, args.host_budget, out, args.confirm)
         n_ctx = work.n_ctx
         names = list(plans)
         for rep in range(args.reps):

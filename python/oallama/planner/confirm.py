@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._files import cache_base, write_json
 from ..errors import OallamaError, PlanError
 from ..runtime.planfile import ConfirmOptions
+from .cost.profile import PLAIN
 
 if TYPE_CHECKING:
     from .context import PlanContext, Workload
@@ -65,7 +66,8 @@ class Plan(Protocol):
 
     def save(self, path: str | Path) -> Path: ...
 
-LLAMA_CPP_OWN = ("layers", "fit", "n-cpu-moe")  # llama.cpp's own placements (on the CPU alone: its default)
+# llama.cpp's own placements (on the CPU alone: its default load, and `--no-repack`, every weight plain)
+LLAMA_CPP_OWN = ("layers", "no-repack", "fit", "n-cpu-moe")
 CHALLENGERS = ("optimal", "affinity")  # oallama's plans, in the order a tie on prediction ranks them
 MAX_CANDIDATES = 4  # distinct placements measured, at most
 MIN_ROUNDS = 3  # rounds before a plan may depart from llama.cpp's placement (fewer: no spread to judge by)
@@ -603,6 +605,19 @@ def _as_requested(chosen: Candidate, requested: str, conf: Confirmation) -> Plan
     return dataclasses.replace(p, strategy=requested, extra=extra)  # type: ignore[type-var]
 
 
+def with_plain_layouts(ctx: PlanContext, plan: Plan, weights: Sequence[str]) -> Plan | None:
+    """`plan` (llama.cpp's default load on the CPU alone) with `weights` (those the host can lay out
+    both ways) in plain memory: llama.cpp's `--no-repack` (None: no such weight). One of llama.cpp's
+    own placements: on this project's EPYC VM it ran 512-token prompts 1.4-1.7x faster than the
+    default (bench/results/2026-11-29-vm-paired-layouts), and where the plan's per-weight choice is
+    wrong (StarCoder2-7B, bench/results/2026-11-29-vm-paired-nodes) it is what a user would run."""
+    if not weights:
+        return None
+    p = plan.placement.with_layouts(dict.fromkeys(weights, PLAIN))
+    return dataclasses.replace(plan, strategy="no-repack", placement=p,  # type: ignore[type-var]
+                               predicted=ctx.predict(p))
+
+
 def with_default_layouts(ctx: PlanContext, plan: Plan) -> Plan | None:
     """`plan`'s placement with llama.cpp's own host layouts (None: it already has them): a distinct
     plan worth measuring, since host layouts are where the model's choices are closest."""
@@ -614,4 +629,4 @@ def with_default_layouts(ctx: PlanContext, plan: Plan) -> Plan | None:
 
 
 __all__ = ["CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
-           "confirm", "decide", "load_key", "shortlist", "with_default_layouts"]
+           "confirm", "decide", "load_key", "shortlist", "with_default_layouts", "with_plain_layouts"]

@@ -56,6 +56,7 @@ from .workload import OBJECTIVES, Workload
 SCHEMA = planfile.PLAN_SCHEMA
 LAYOUT_STRATEGIES = ("affinity", "optimal")  # strategies that also choose host weight layouts
 DEFAULT_LAYOUTS_LABEL = "optimal-default-layouts"  # optimal's placement with llama.cpp's host layouts
+NO_REPACK_LABEL = "no-repack"  # llama.cpp's default load with every weight plain (its --no-repack)
 
 
 # --- plans --------------------------------------------------------------------------------------
@@ -402,6 +403,10 @@ def confirmed(ctx: PlanContext, budget: str | int | None, opts: ConfirmOptions, 
             log(f"{ctx.model.path} is shape-only: the plan is not confirmed by measurement")
         return plans["optimal"], plans, None
     shortlisted = {s: p for s, p in plans.items() if s in want}
+    if ctx.acc is None:  # llama.cpp's --no-repack (beside a GPU its plain weights would be in pinned memory)
+        plain = confirmmod.with_plain_layouts(ctx, plans["layers"], sorted(layoutmod.weight_costs(ctx, Placement())))
+        if plain is not None:
+            shortlisted[NO_REPACK_LABEL] = plain
     variant = confirmmod.with_default_layouts(ctx, plans["optimal"])
     if variant is not None:
         shortlisted[DEFAULT_LAYOUTS_LABEL] = variant
