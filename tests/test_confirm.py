@@ -147,6 +147,19 @@ def _cand(labels: list[str], baseline: bool, objective: list[float | None]) -> C
                        [None if v is None else {"objective_ms": v} for v in objective])
 
 
+@pytest.mark.parametrize(("predicted", "dropped"), [
+    ({"layers": 150.0, "no-repack": 100.0, "optimal": 90.0}, "layers"),
+    ({"layers": 100.0, "no-repack": 120.0, "optimal": 300.0}, "no-repack"),  # not the last of oallama's
+    ({"layers": 100.0, "optimal": 90.0, "affinity": 200.0}, "affinity"),
+    ({"layers": 400.0, "optimal": 90.0, "affinity": 200.0}, "affinity"),  # not the last of llama.cpp's
+], ids=["slowest-baseline", "keeps-optimal", "slowest-challenger", "keeps-layers"])
+def test_a_time_bound_drops_the_slowest_but_one_of_each(predicted: dict[str, float], dropped: str) -> None:
+    """Over the time bound, the candidate predicted slowest goes first, unless it is the last of
+    llama.cpp's placements or of oallama's plans."""
+    cands = [dataclasses.replace(_cand([s], s in C.LLAMA_CPP_OWN, []), predicted_ms=ms) for s, ms in predicted.items()]
+    assert cands[C.first_dropped(cands)].label == dropped
+
+
 @pytest.mark.parametrize(("challenger", "kept"), [
     ([90.0, 91.0, 92.0], "optimal"),  # 9% faster, spread 1%
     ([90.0, 91.0], "layers"),  # faster, but fewer than MIN_ROUNDS paired rounds

@@ -179,6 +179,19 @@ def shortlist(ctx: PlanContext, plans: Mapping[str, Plan], limit: int = MAX_CAND
     return base + rest[:max(limit - len(base), 1)]
 
 
+def first_dropped(cands: Sequence[Candidate]) -> int:
+    """Index of the candidate a time bound drops first (of more than two): the one predicted slowest
+    whose removal leaves one of llama.cpp's placements and, where there was one, one of oallama's. On
+    the CPU alone a short bound had dropped `optimal` to keep the default load and `--no-repack`, and
+    then nothing could depart from them."""
+    kinds = {c.baseline for c in cands}
+
+    def leaves_both(i: int) -> bool:
+        return {c.baseline for j, c in enumerate(cands) if j != i} == kinds
+
+    return max((i for i in range(len(cands)) if leaves_both(i)), key=lambda i: (cands[i].predicted_ms, i))
+
+
 # --- the decision -------------------------------------------------------------------------------
 
 
@@ -569,8 +582,8 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
     runner = _Runner(ctx, load, steps, Path("."))
     est_round = sum(runner.predicted_run_s(c) for c in cands)
     est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
-    while est > opts.confirm_time and len(cands) > 2:  # the lowest-ranked plan dropped first
-        dropped = cands.pop()
+    while est > opts.confirm_time and len(cands) > 2:
+        dropped = cands.pop(first_dropped(cands))
         est_round -= runner.predicted_run_s(dropped)
         est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
     names = ", ".join(f"'{c.label}' ({c.predicted_ms:.0f} ms predicted)" for c in cands)
@@ -629,4 +642,4 @@ def with_default_layouts(ctx: PlanContext, plan: Plan) -> Plan | None:
 
 
 __all__ = ["CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
-           "confirm", "decide", "load_key", "shortlist", "with_default_layouts", "with_plain_layouts"]
+           "confirm", "decide", "first_dropped", "load_key", "shortlist", "with_default_layouts", "with_plain_layouts"]
