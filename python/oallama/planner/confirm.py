@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._files import cache_base, write_json
 from ..errors import OallamaError, PlanError
 from ..runtime.planfile import ConfirmOptions
-from .cost.profile import PLAIN
 
 if TYPE_CHECKING:
     from .context import PlanContext, Workload
@@ -618,28 +617,5 @@ def _as_requested(chosen: Candidate, requested: str, conf: Confirmation) -> Plan
     return dataclasses.replace(p, strategy=requested, extra=extra)  # type: ignore[type-var]
 
 
-def with_plain_layouts(ctx: PlanContext, plan: Plan, weights: Sequence[str]) -> Plan | None:
-    """`plan` (llama.cpp's default load on the CPU alone) with `weights` (those the host can lay out
-    both ways) in plain memory: llama.cpp's `--no-repack` (None: no such weight). One of llama.cpp's
-    own placements: on this project's EPYC VM it ran 512-token prompts 1.4-1.7x faster than the
-    default (bench/results/2026-11-29-vm-paired-layouts), and where the plan's per-weight choice is
-    wrong (StarCoder2-7B, bench/results/2026-11-29-vm-paired-nodes) it is what a user would run."""
-    if not weights:
-        return None
-    p = plan.placement.with_layouts(dict.fromkeys(weights, PLAIN))
-    return dataclasses.replace(plan, strategy="no-repack", placement=p,  # type: ignore[type-var]
-                               predicted=ctx.predict(p))
-
-
-def with_default_layouts(ctx: PlanContext, plan: Plan) -> Plan | None:
-    """`plan`'s placement with llama.cpp's own host layouts (None: it already has them): a distinct
-    plan worth measuring, since host layouts are where the model's choices are closest."""
-    if not plan.placement.layouts:
-        return None
-    p = plan.placement.with_layouts({})
-    return dataclasses.replace(plan, placement=p, predicted=ctx.predict(p),  # type: ignore[type-var]
-                               extra={**plan.extra, "layouts": "default"})
-
-
 __all__ = ["CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
-           "confirm", "decide", "first_dropped", "load_key", "shortlist", "with_default_layouts", "with_plain_layouts"]
+           "confirm", "decide", "first_dropped", "load_key", "shortlist"]

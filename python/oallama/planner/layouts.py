@@ -22,14 +22,17 @@ plan lists every host weight that has a repacked layout.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..runtime.planfile import NEVER
 from .context import PlanContext
 from .cost.profile import DUAL, PLAIN, REPACK
 from .cost.schedmodel import Placement, op_batch
+
+P = TypeVar("P")  # a plan (planner.plan.Plan)
 
 
 @dataclass
@@ -136,3 +139,26 @@ def summary(layouts: Mapping[str, str]) -> str:
     names = {PLAIN: "plain", REPACK: "repacked", DUAL: "dual"}
     parts = [f"{sum(1 for v in layouts.values() if v == k)} {n}" for k, n in names.items()]
     return ", ".join(p for p in parts if not p.startswith("0 ")) or "none"
+
+
+def with_plain_layouts(ctx: PlanContext, plan: P, weights: Sequence[str]) -> P | None:
+    """`plan` (llama.cpp's default load on the CPU alone) with `weights` (those the host can lay out
+    both ways) in plain memory: llama.cpp's `--no-repack` (None: no such weight). One of llama.cpp's
+    own placements: on this project's EPYC VM it ran 512-token prompts 1.4-1.7x faster than the
+    default (bench/results/2026-11-29-vm-paired-layouts), and where the plan's per-weight choice is
+    wrong (StarCoder2-7B, bench/results/2026-11-29-vm-paired-nodes) it is what a user would run."""
+    if not weights:
+        return None
+    p = plan.placement.with_layouts(dict.fromkeys(weights, PLAIN))
+    return dataclasses.replace(plan, strategy="no-repack", placement=p,
+                               predicted=ctx.predict(p))
+
+
+def with_default_layouts(ctx: PlanContext, plan: P) -> P | None:
+    """`plan`'s placement with llama.cpp's own host layouts (None: it already has them): a distinct
+    plan worth measuring, since host layouts are where the model's choices are closest."""
+    if not plan.placement.layouts:
+        return None
+    p = plan.placement.with_layouts({})
+    return dataclasses.replace(plan, placement=p, predicted=ctx.predict(p),
+                               extra={**plan.extra, "layouts": "default"})

@@ -404,10 +404,10 @@ def confirmed(ctx: PlanContext, budget: str | int | None, opts: ConfirmOptions, 
         return plans["optimal"], plans, None
     shortlisted = {s: p for s, p in plans.items() if s in want}
     if ctx.acc is None:  # llama.cpp's --no-repack (beside a GPU its plain weights would be in pinned memory)
-        plain = confirmmod.with_plain_layouts(ctx, plans["layers"], sorted(layoutmod.weight_costs(ctx, Placement())))
+        plain = layoutmod.with_plain_layouts(ctx, plans["layers"], sorted(layoutmod.weight_costs(ctx, Placement())))
         if plain is not None:
             shortlisted[NO_REPACK_LABEL] = plain
-    variant = confirmmod.with_default_layouts(ctx, plans["optimal"])
+    variant = layoutmod.with_default_layouts(ctx, plans["optimal"])
     if variant is not None:
         shortlisted[DEFAULT_LAYOUTS_LABEL] = variant
     conf = confirmmod.confirm(ctx, shortlisted, opts, load=load, progress=progress)
