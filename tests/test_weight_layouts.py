@@ -368,7 +368,7 @@ def test_confirmation_measures_llama_cpps_no_repack(cpu_context) -> None:
     from oallama.planner.plan import NO_REPACK_LABEL, confirmed
     from oallama.runtime.planfile import ConfirmOptions
 
-    kept, _, conf = confirmed(cpu_context, None, ConfirmOptions(confirm_time=20, confirm_rounds=3, confirm_steps=2))
+    kept, _, conf = confirmed(cpu_context, None, ConfirmOptions(confirm_time=120, confirm_rounds=3, confirm_steps=2))
     assert conf is not None
     plain = next(c for c in conf.candidates if NO_REPACK_LABEL in c.labels)
     default = next(c for c in conf.candidates if "layers" in c.labels)
