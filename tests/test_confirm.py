@@ -119,6 +119,34 @@ def test_the_time_bound_holds(ctx: Any, host_only: Any, scattered: Any) -> None:
     assert none.chosen.labels == ["layers"] and "nothing was measured" in none.reason
 
 
+@pytest.mark.parametrize(("set_s", "est_s", "bound_s"), [
+    (None, 10.0, 60.0), (None, 100.0, 150.0), (None, 1000.0, 600.0), (30.0, 1000.0, 30.0), (0.0, 100.0, 0.0),
+], ids=["auto-least", "auto-1.5x", "auto-most", "set", "set-zero"])
+def test_the_time_bound_is_set_or_from_the_estimate(set_s: float | None, est_s: float, bound_s: float) -> None:
+    assert C.time_bound(ConfirmOptions(confirm_time=set_s), est_s) == bound_s
+
+
+def test_an_automatic_bound_measures_what_a_fixed_60_s_would_cut(ctx: Any, host_only: Any, scattered: Any) -> None:
+    """Three placements predicted at about 10 s a run (3 rounds and their loads: over 60 s): the
+    automatic bound measures all three; a bound of 60 s drops one before anything runs."""
+    odd = Placement(frozenset(sorted(ctx.weight_bytes)[1::2]), 0)
+    plans = [(["layers"], host_only, True), (["optimal"], scattered, False),
+             (["affinity"], dataclasses.replace(scattered, placement=odd), False)]
+    factor = 10e3 / host_only.predicted["e2e_ms"]  # ~10 s a run, predicted
+
+    def cands() -> list[Any]:
+        return [C.Candidate(labels, dataclasses.replace(p, predicted=_predicted_as(p, factor)), base,
+                            p.predicted["e2e_ms"] * factor) for labels, p, base in plans]
+
+    auto = C.confirm(ctx, {}, ConfirmOptions(confirm_rounds=3), candidates=cands(), cache=False, progress=False)
+    assert auto.bound_s is not None and C.AUTO_BOUND_S[0] < auto.bound_s <= C.AUTO_BOUND_S[1]
+    assert len(auto.candidates) == 3 and auto.rounds == 3, auto.reason
+    assert auto.to_json()["time_bound"] == "auto"
+    fixed = C.confirm(ctx, {}, ConfirmOptions(confirm_time=60, confirm_rounds=3), candidates=cands(), cache=False,
+                      progress=False)
+    assert fixed.bound_s == 60 and len(fixed.candidates) == 2
+
+
 def test_a_confirmation_is_cached(ctx: Any, host_only: Any, scattered: Any) -> None:
     """The same shortlist, profile, workload and settings again: the cached measurement is reused
     (nothing loaded); --reconfirm measures again."""

@@ -4,7 +4,7 @@
 several workloads, measured end to end through llama.cpp with the predicted TTFT/TPOT beside.
 
     python bench/scripts/bench_layouts.py MODEL [--workloads 512:32,64:128,64:32:4] [--threads 2] [--reps 3]
-        [--host-budget 200%] [--confirm SECONDS] [-o bench/results/<date>-<machine>-layouts]
+        [--host-budget 200%] [--confirm SECONDS|auto] [-o bench/results/<date>-<machine>-layouts]
 
 A workload is prompt:gen, or prompt:gen:parallel for that many sequences decoded together (llama.cpp's
 -np: every decode pass carries one token of each, `runtime.generate.timed_parallel`).
@@ -76,9 +76,10 @@ def _worker(spec_path: str) -> int:
 
 
 def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path,
-           confirm_s: float | None = None) -> dict[str, Path | None]:
+           confirm: str | None = None) -> dict[str, Path | None]:
     """name -> plan file (None: llama.cpp's default load) of every distinct placement to measure;
-    confirm_s: also `optimal` confirmed by measurement within that many seconds (`optimal-confirmed`)."""
+    confirm: also `optimal` confirmed by measurement within that many seconds, or "auto": the planner's
+    default bound (`optimal-confirmed`)."""
     from oallama.planner.cost.profile import PLAIN
     from oallama.planner.plan import build_context, confirmed, make_plan
     from oallama.runtime.planfile import ConfirmOptions
@@ -90,8 +91,9 @@ def _plans(model: Path, wl: Any, threads: int, host_budget: str, out: Path,
     all_plain = opt.placement.with_layouts({w: PLAIN for w in opt.placement.layouts})
     plain = dataclasses.replace(opt, strategy="all-plain", placement=all_plain, predicted=ctx.predict(all_plain))
     rows = [("default", default), ("all-plain", plain), ("optimal", opt), ("optimal-dual", dual)]
-    if confirm_s is not None:
-        kept, _, _ = confirmed(ctx, None, ConfirmOptions(confirm_time=confirm_s), progress=True)
+    if confirm is not None:
+        bound = None if confirm == "auto" else float(confirm)
+        kept, _, _ = confirmed(ctx, None, ConfirmOptions(confirm_time=bound), progress=True)
         rows.append(("optimal-confirmed", kept))
     files: dict[str, Path | None] = {}
     seen: dict[str, str] = {}
@@ -128,8 +130,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="rounds; each runs every placement once, alternated")
     ap.add_argument("--host-budget", default="200%", help="host memory for weights of the dual-layout plan")
     ap.add_argument("-o", "--out", type=Path, default=Path(f"bench/results/{date.today()}-{platform.node()}-layouts"))
-    ap.add_argument("--confirm", type=float, metavar="SECONDS", help="also measure `optimal` confirmed by "
-                    "measurement within this time (the planner's confirmation; its choice saved in plans/)")
+    ap.add_argument("--confirm", metavar="SECONDS|auto", help="also measure `optimal` confirmed by measurement "
+                    "within this time (the planner's confirmation, auto: its default bound; its choice saved in plans/)")
     ap.add_argument("--report", action="store_true", help="only write the summaries again from OUT/runs/")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()

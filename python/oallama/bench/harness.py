@@ -487,7 +487,8 @@ def confirm_spec(opts: ConfirmOptions) -> str:
     """How optimal's plans are confirmed, as its configurations' identity records it."""
     if not opts.confirm:
         return "off"
-    return f"time {opts.confirm_time:g} s, rounds {opts.confirm_rounds}, steps {opts.confirm_steps}"
+    bound = "auto" if opts.confirm_time is None else f"{opts.confirm_time:g} s"
+    return f"time {bound}, rounds {opts.confirm_rounds}, steps {opts.confirm_steps}"
 
 
 def _make_plans(ctx: Any, budget: str, wanted: set[str], op_offload: bool, confirm: ConfirmOptions | None = None,

@@ -16,7 +16,7 @@ every candidate's predicted and measured times, goes into the plan file (`extra[
 and a cache keyed by everything it depends on::
 
     plans = {s: make_plan(ctx, s, "50%", candidates=[...]) for s in ("layers", "fit", "affinity", "optimal")}
-    conf = confirm(ctx, plans, ConfirmOptions(confirm_time=60))
+    conf = confirm(ctx, plans, ConfirmOptions())  # time bound: auto, from the shortlist's predicted runs
     conf.plan                     # the kept plan, strategy "optimal", extra["winner"]: whose placement
     conf.to_json()["candidates"]  # per candidate: predicted and measured TTFT/TPOT/objective, rounds
 
@@ -82,6 +82,11 @@ CENSORED = 2.0
 PREDICTION_SLACK = 1.3  # a pass's time before it was measured: its prediction times this (they ran up to 21% slow)
 LOAD_S = 0.5  # a load's fixed time before one was measured (s) ...
 LOAD_BYTES_PER_S = 1.0e9  # ... and its speed (bytes of weights per second)
+# the automatic time bound (--confirm-time unset): the shortlist's estimate for MIN_ROUNDS times this,
+# within these seconds. A fixed 60 s measured nothing for a 4-7B model's 512-token prompt at 2 threads
+# (a run 10-25 s: bench/results/2026-11-29-vm-paired-nodes), and then the plan is a prediction again
+AUTO_MARGIN = 1.5
+AUTO_BOUND_S = (60.0, 600.0)
 MEMORY_MARGIN = 0.9  # of the free memory the candidates loaded at once may fill
 VERSION = 3  # of the method: part of the cache key (2: a too-slow baseline's first run stands for it; 3: every
 # round on fresh loads, TIE 3%)
@@ -124,6 +129,7 @@ class Confirmation:
     rounds: int  # complete rounds measured
     mode: str  # "together" (every candidate loaded at once), "in turn", "cached", "none" (nothing to measure)
     options: ConfirmOptions
+    bound_s: float | None  # s, the time bound it measured under (--confirm-time or automatic; None: nothing measured)
     ratios: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> vs the kept baseline
 
     def to_json(self) -> dict[str, Any]:
@@ -132,7 +138,8 @@ class Confirmation:
                 "rounds": self.rounds, "mode": self.mode, "objective": wl.objective,
                 "measured_as": f"prompt {wl.prompt} tokens, then {min(self.options.confirm_steps, max(wl.gen - 1, 1))} "
                                "decode steps per round",
-                "time_bound_s": self.options.confirm_time, "max_rounds": self.options.confirm_rounds,
+                "time_bound_s": self.bound_s, "time_bound": "set" if self.options.confirm_time is not None else "auto",
+                "max_rounds": self.options.confirm_rounds,
                 "candidates": [{"labels": c.labels, "baseline": c.baseline, "key": load_key(c.plan), "too_slow": c.too_slow,
                                 "predicted": {m: c.plan.predicted[m] for m in ("ttft_ms", "tpot_ms", "e2e_ms")},
                                 "predicted_objective_ms": c.predicted_ms, "measured": c.measured(),
@@ -400,11 +407,20 @@ def _last_run_s(c: Candidate, runner: _Runner) -> float:
     return (n * r["ttft_ms"] + runner.steps * r["tpot_ms"]) / 1e3
 
 
+def time_bound(opts: ConfirmOptions, est_s: float) -> float:
+    """The confirmation's time bound (s): --confirm-time where given, else AUTO_MARGIN x `est_s` (the
+    shortlist's estimated time for MIN_ROUNDS, loads included) within AUTO_BOUND_S."""
+    if opts.confirm_time is not None:
+        return opts.confirm_time
+    lo, hi = AUTO_BOUND_S
+    return min(max(AUTO_MARGIN * est_s, lo), hi)
+
+
 def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, load: Mapping[str, Any],
-             progress: bool, t0: float) -> tuple[int, str]:
+             progress: bool, t0: float, bound: float) -> tuple[int, str]:
     """Fill the candidates' runs (one entry per round each, None where it did not run); (complete
-    rounds, mode). Nothing starts that its estimate says would end past the time bound."""
-    deadline = t0 + opts.confirm_time
+    rounds, mode). Nothing starts that its estimate says would end past the time bound (`bound` s after t0)."""
+    deadline = t0 + bound
     steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
     together, why_not = _fits_together(ctx, cands)
     mode = "together" if together else "in turn"
@@ -462,7 +478,7 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
         else:
             _say(progress, f"one load at a time ({why_not})")
             for i in order:
-                if _last_run_s(cands[i], runner) + runner.load_s() > opts.confirm_time:
+                if _last_run_s(cands[i], runner) + runner.load_s() > bound:
                     cands[i].too_slow = True
         rounds = 0
 
@@ -555,9 +571,12 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
             **ctx.llama_kwargs(), "seed": 1234, "verbose": False, **(load or {})}
     steps = min(opts.confirm_steps, max(ctx.workload.gen - 1, 1))
 
+    bound: float | None = opts.confirm_time  # s: set below where something is measured
+
     def finish(chosen: Candidate, reason: str, rounds: int, mode: str,
                ratios: dict[str, dict[str, float]]) -> Confirmation:
-        conf = Confirmation(chosen, cands, chosen.plan, reason, time.perf_counter() - t0, rounds, mode, opts, ratios)
+        conf = Confirmation(chosen, cands, chosen.plan, reason, time.perf_counter() - t0, rounds, mode, opts, bound,
+                            ratios)
         conf.plan = _as_requested(chosen, requested, conf)
         return conf
 
@@ -581,18 +600,20 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
     runner = _Runner(ctx, load, steps, Path("."))
     est_round = sum(runner.predicted_run_s(c) for c in cands)
     est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
-    while est > opts.confirm_time and len(cands) > 2:
+    bound = time_bound(opts, est)
+    while est > bound and len(cands) > 2:
         dropped = cands.pop(first_dropped(cands))
         est_round -= runner.predicted_run_s(dropped)
         est = len(cands) * runner.load_s() + est_round * (1 + MIN_ROUNDS)
     names = ", ".join(f"'{c.label}' ({c.predicted_ms:.0f} ms predicted)" for c in cands)
     _say(progress, f"measuring {len(cands)} plans, {ctx.workload.objective} of prompt {ctx.workload.prompt} + "
                    f"{steps} decode steps per round: {names}; up to {opts.confirm_rounds} rounds, about "
-                   f"{est:.0f} s for {MIN_ROUNDS} (bound {opts.confirm_time:.0f} s, --confirm-time)")
-    rounds, mode = _measure(ctx, cands, opts, load, progress, t0)
+                   f"{est:.0f} s for {MIN_ROUNDS} (bound {bound:.0f} s{' (auto)' if opts.confirm_time is None else ''}, "
+                   "--confirm-time)")
+    rounds, mode = _measure(ctx, cands, opts, load, progress, t0, bound)
     chosen, reason, ratios = decide(cands)
     if rounds < MIN_ROUNDS:
-        reason += (f"; only {rounds} round(s) fit in the time bound of {opts.confirm_time:.0f} s (about {est:.0f} s "
+        reason += (f"; only {rounds} round(s) fit in the time bound of {bound:.0f} s (about {est:.0f} s "
                    f"needed: raise --confirm-time)")
     conf = finish(chosen, reason, rounds, mode, ratios)
     _say(progress, f"{reason} ({conf.seconds:.0f} s)")
@@ -617,5 +638,5 @@ def _as_requested(chosen: Candidate, requested: str, conf: Confirmation) -> Plan
     return dataclasses.replace(p, strategy=requested, extra=extra)  # type: ignore[type-var]
 
 
-__all__ = ["CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
-           "confirm", "decide", "first_dropped", "load_key", "shortlist"]
+__all__ = ["AUTO_BOUND_S", "AUTO_MARGIN", "CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
+           "confirm", "decide", "first_dropped", "load_key", "shortlist", "time_bound"]

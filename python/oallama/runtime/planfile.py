@@ -159,13 +159,15 @@ class ConfirmOptions:
 
     confirm: bool = option(True, off="--no-confirm", help="measure the shortlisted plans and keep the fastest "
                            "(--no-confirm: the predicted fastest)")
-    confirm_time: float = option(60.0, minimum=0, help="seconds the confirmation may take, loads included")
+    confirm_time: float | None = option(None, minimum=0, help="seconds the confirmation may take, loads included",
+                                        default_help="auto: 1.5x the time 3 rounds of the shortlist are estimated "
+                                        "to take, 60-600 s")
     confirm_rounds: int = option(5, minimum=1, help="alternated rounds of the shortlisted plans, at most")
     confirm_steps: int = option(8, minimum=1, help="decode steps timed per round, after the workload's prompt")
     reconfirm: bool = option(False, help="measure again even where a cached confirmation matches")
 
     def __post_init__(self) -> None:
-        if self.confirm_time < 0 or self.confirm_rounds < 1 or self.confirm_steps < 1:
+        if (self.confirm_time is not None and self.confirm_time < 0) or self.confirm_rounds < 1 or self.confirm_steps < 1:
             raise PlanError(f"confirmation: time {self.confirm_time} s, rounds {self.confirm_rounds} and steps "
                             f"{self.confirm_steps}: the time must be >= 0, rounds and steps >= 1")
 
