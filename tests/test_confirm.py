@@ -55,10 +55,12 @@ def test_a_mispredicted_plan_is_rejected_by_measurement(ctx: Any, host_only: Any
                                                         tmp_path: Path) -> None:
     """The scattered placement predicted 10x faster than the host alone: measured, it is slower, and
     llama.cpp's placement is kept -- as the requested strategy's plan, which loads as -ngl does and
-    records every candidate's predicted and measured times."""
+    records every candidate's predicted and measured times. Slower in every round (2.6-2.8x), it
+    is settled after MIN_ROUNDS of the 5 rounds: no round to come could change that."""
     liar = dataclasses.replace(scattered, strategy="optimal", predicted=_predicted_as(host_only, 0.1))
     conf = C.confirm(ctx, {"layers": host_only, "optimal": liar}, ConfirmOptions(), cache=False, progress=False)
-    assert conf.chosen.labels == ["layers"] and conf.rounds == ConfirmOptions().confirm_rounds
+    assert conf.chosen.labels == ["layers"] and conf.rounds == C.MIN_ROUNDS < ConfirmOptions().confirm_rounds
+    assert "settled after" in conf.reason
     assert conf.ratios["optimal"]["vs_baseline"] > 1.0
     doc = json.loads(conf.plan.save(tmp_path / "plan.json").read_text())
     assert doc["strategy"] == "optimal" and doc["extra"]["winner"] == "layers" and doc["load"] == "n_gpu_layers"
@@ -98,7 +100,7 @@ def test_the_baseline_wins_a_tie(ctx: Any, host_only: Any, monkeypatch: pytest.M
     conf = C.confirm(ctx, {}, ConfirmOptions(confirm_rounds=7), candidates=cands, cache=False, progress=False)
     assert conf.chosen is cands[0], conf.reason
     assert conf.plan.extra["winner"] == "layers"
-    assert conf.rounds == 7 and sorted(loads) == ["layers"] * 7 + ["optimal"] * 7, loads
+    assert conf.rounds >= C.MIN_ROUNDS and sorted(loads) == ["layers"] * conf.rounds + ["optimal"] * conf.rounds, loads
 
 
 def test_the_time_bound_holds(ctx: Any, host_only: Any, scattered: Any) -> None:
@@ -186,6 +188,23 @@ def test_a_time_bound_drops_the_slowest_but_one_of_each(predicted: dict[str, flo
     llama.cpp's placements or of oallama's plans."""
     cands = [dataclasses.replace(_cand([s], s in C.LLAMA_CPP_OWN, []), predicted_ms=ms) for s, ms in predicted.items()]
     assert cands[C.first_dropped(cands)].label == dropped
+
+
+@pytest.mark.parametrize(("base", "others", "more", "done"), [
+    ([100.0] * 3, {"optimal": [110.0, 120.0, 105.0]}, 2, True),  # slower every round
+    ([100.0] * 3, {"optimal": [90.0, 91.0, 92.0]}, 2, False),  # departs
+    ([100.0] * 3, {"optimal": [98.0, 110.0, 110.0]}, 2, True),  # 2% faster once: under TIE whatever comes
+    ([100.0] * 3, {"optimal": [96.0, 110.0, 110.0]}, 2, False),  # two fast rounds to come could make it depart
+    ([100.0] * 3, {"optimal": [96.0, 110.0, 110.0]}, 1, True),  # one could not
+    ([100.0] * 2, {"optimal": [150.0, 150.0]}, 3, False),  # fewer than MIN_ROUNDS
+    ([100.0, 104.0, 96.0], {"no-repack": [101.0, 102.0, 103.0], "optimal": [150.0] * 3}, 2, False),  # the best may change
+    ([100.0] * 3, {"no-repack": [130.0, 140.0, 150.0], "optimal": [150.0] * 3}, 2, True),
+], ids=["slower", "departs", "under-tie", "could-depart", "one-more", "two-rounds", "baselines-close",
+        "baselines-apart"])
+def test_settled_when_no_round_to_come_could_change_it(base: list[float], others: dict[str, list[float]], more: int,
+                                                        done: bool) -> None:
+    cands = [_cand(["layers"], True, base)] + [_cand([s], s in C.LLAMA_CPP_OWN, v) for s, v in others.items()]
+    assert C.settled(cands, more) is done
 
 
 @pytest.mark.parametrize(("challenger", "kept"), [

@@ -7,7 +7,8 @@ the next distinct plans, loads them (all at once when memory allows, else one at
 workload on each in alternated rounds -- its prompt at its stated length, then decode steps, each
 round on a fresh load of every candidate -- and keeps the measured fastest. A plan departs from the best of llama.cpp's placements only when it
 measured faster than it by more than the rounds' spread (and more than `TIE`), over at least
-`MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept. A placement
+`MIN_ROUNDS` rounds: where nothing is shown faster, llama.cpp's own placement is kept, and the rounds
+stop as soon as no round to come could change that (`settled`). A placement
 over the budget by llama.cpp's accounting is never kept: `-ngl 0` still puts op offload's compute
 buffers on the accelerator, 296-332 MiB beside budgets of 138-277 MiB on an H200
 (bench/results/2026-11-27-h200-heldout). It is measured, as the reference the others are compared
@@ -31,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -239,6 +241,32 @@ def decide(cands: Sequence[Candidate], tie: float = TIE,
 
     return alt, (f"kept '{alt.label}' ({ms(alt)}), the fastest within the budget: none of llama.cpp's placements "
                  f"fits it ('{best.label}': {ms(best)}){note}"), ratios
+
+
+def settled(cands: Sequence[Candidate], more: int, tie: float = TIE, min_rounds: int = MIN_ROUNDS) -> bool:
+    """True when `more` rounds could not make `decide` depart from the best of llama.cpp's placements
+    as measured so far, whatever they measured: every other baseline's median could not fall below
+    its, and every other candidate's median ratio to it could not fall below 1 - tie (its runs' ratio
+    0 in every round to come, the baseline's time unbounded). Only where every candidate is within
+    the budget and ran every round so far, at least `min_rounds` of them."""
+    n = len(cands[0].runs) if cands else 0
+    if n < min_rounds or any(c.error is not None or c.too_slow or over_budget(c) or len(c.runs) != n
+                             or any(r is None for r in c.runs) for c in cands):
+        return False
+    obj = {id(c): [r["objective_ms"] for r in c.runs if r is not None] for c in cands}
+    base = min((c for c in cands if c.baseline), key=lambda c: statistics.median(obj[id(c)]), default=None)
+    if base is None:
+        return False
+    highest = statistics.median(obj[id(base)] + [math.inf] * more)
+    for c in cands:
+        if c is base:
+            continue
+        if c.baseline:
+            if statistics.median([0.0] * more + obj[id(c)]) <= highest:
+                return False
+        elif statistics.median([0.0] * more + [a / b for a, b in zip(obj[id(c)], obj[id(base)], strict=True)]) < 1 - tie:
+            return False
+    return True
 
 
 def _decide(cands: Sequence[Candidate], tie: float = TIE,
@@ -517,6 +545,8 @@ def _measure(ctx: PlanContext, cands: list[Candidate], opts: ConfirmOptions, loa
             rounds += 1
             _say(progress, f"{_bar(rounds, opts.confirm_rounds)} round {rounds}/{opts.confirm_rounds}, "
                            f"{time.perf_counter() - t0:.0f} s", end="")
+            if rounds < opts.confirm_rounds and settled(cands, opts.confirm_rounds - rounds):
+                break  # no round to come could change the decision
         if progress:
             print(file=sys.stderr)
     return rounds, mode
@@ -612,6 +642,8 @@ def confirm(ctx: PlanContext, plans: Mapping[str, Plan], opts: ConfirmOptions | 
                    "--confirm-time)")
     rounds, mode = _measure(ctx, cands, opts, load, progress, t0, bound)
     chosen, reason, ratios = decide(cands)
+    if MIN_ROUNDS <= rounds < opts.confirm_rounds and settled(cands, opts.confirm_rounds - rounds):
+        reason += f"; settled after {rounds} of up to {opts.confirm_rounds} rounds: no round to come could change it"
     if rounds < MIN_ROUNDS:
         reason += (f"; only {rounds} round(s) fit in the time bound of {bound:.0f} s (about {est:.0f} s "
                    f"needed: raise --confirm-time)")
@@ -639,4 +671,4 @@ def _as_requested(chosen: Candidate, requested: str, conf: Confirmation) -> Plan
 
 
 __all__ = ["AUTO_BOUND_S", "AUTO_MARGIN", "CHALLENGERS", "LLAMA_CPP_OWN", "MIN_ROUNDS", "TIE", "Candidate", "ConfirmOptions", "Confirmation",
-           "confirm", "decide", "first_dropped", "load_key", "shortlist", "time_bound"]
+           "confirm", "decide", "first_dropped", "load_key", "settled", "shortlist", "time_bound"]
