@@ -19,7 +19,6 @@ from helpers import raises_cleanly
 from oallama import Llama, _core
 from oallama.errors import PlacementError, PlanError
 from oallama.planner import layouts as layoutmod
-from oallama.planner.cost.measure import LAYOUT_SWEEPS
 from oallama.planner.cost.profile import DUAL, PLAIN, REPACK
 from oallama.planner.plan import Workload, build_context, make_plan, parse_host_budget, unnamed_defaults
 from oallama.planner.workload import Ubatch
@@ -125,12 +124,6 @@ def test_profile_times_both_layouts(cpu_context) -> None:
     assert {v["buffer_type"] for v in prof.layouts[REPACK].values()} == {REPACK}
     assert {v["buffer_type"] for v in prof.layouts[PLAIN].values()} == {PLAIN}
     assert prof.layouts[PLAIN].keys() == prof.layouts[REPACK].keys()
-    # each point the median of its alternated sweeps; a repacked weight's default time is its repacked one's
-    for lay in (PLAIN, REPACK):
-        for key, v in prof.layouts[lay].items():
-            assert len(v["sweeps_us"]) == LAYOUT_SWEEPS and v["median_us"] == statistics.median(v["sweeps_us"]), key
-    for key, v in prof.layouts[REPACK].items():
-        assert prof.ops["CPU"][key] == v, key
 
 
 def test_calibration_times_the_host_passes_in_both_layouts(cpu_context, q4_0_model: Path) -> None:

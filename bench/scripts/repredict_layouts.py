@@ -4,14 +4,11 @@ model, from the profile and calibration it committed: each placement's TTFT, TPO
 the measured medians, and what `optimal` plans now. No model runs (the model file is read for its
 graph).
 
-    python bench/scripts/repredict_layouts.py DIR [--first-pair] [--first-sweep] [--model PATH]
+    python bench/scripts/repredict_layouts.py DIR [--first-pair] [--model PATH]
 
 --first-pair: each weight shape's node times of the calibration's paired layouts from its first pair
 only (what calibration method 42 measured: one pass node by node per layout, in the first pair),
 where the set's calibration kept every pair's (`<layout>_each_us`, method 43).
---first-sweep: each host weight matmul's one-op times in both layouts from the first sweep only (how
-profiles before LAYOUTS_VERSION 3 timed them: once each, one layout after the other), where the set's
-profile kept every sweep's (`sweeps_us`); the calibration stays as fitted to the medians.
 --model: the model file, where it is not at the path the set recorded.
 """
 
@@ -42,22 +39,10 @@ def first_pair(layouts: dict[str, Any]) -> int:
     return n
 
 
-def first_sweep(prof: Profile) -> int:
-    """Set each one-op time that kept its sweeps (`sweeps_us`) to its first sweep's, in place; how many."""
-    n = 0
-    for table in [*prof.ops.values(), *prof.layouts.values()]:
-        for v in table.values():
-            if v.get("sweeps_us"):
-                v["median_us"] = v["sweeps_us"][0]
-                n += 1
-    return n
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--first-pair", action="store_true", help="node times of the first pair only (method 42)")
-    ap.add_argument("--first-sweep", action="store_true", help="one-op layout times of the first sweep only")
     ap.add_argument("--model", type=Path, help="the model file (default: the path the set recorded)")
     args = ap.parse_args()
     doc = json.loads((args.dir / "layouts.json").read_text())
@@ -67,11 +52,8 @@ def main() -> int:
         sys.exit(f"{pf}: no calibrated host layouts")
     if args.first_pair and not first_pair(prof.calibration.layouts):
         sys.exit(f"{pf}: the calibration kept no pair's node times (method 42 or before)")
-    if args.first_sweep and not first_sweep(prof):
-        sys.exit(f"{pf}: the profile kept no sweeps (LAYOUTS_VERSION 2 or before)")
     model = args.model or Path(doc["model"])
-    print(f"# {args.dir} ({model.name}), node times: {'first pair' if args.first_pair else 'as kept'}, one-op layout "
-          f"times: {'first sweep' if args.first_sweep else 'as kept'}\n")
+    print(f"# {args.dir} ({model.name}), node times: {'first pair' if args.first_pair else 'as kept'}\n")
     print("| workload | placement | TTFT ms measured / recorded / now | TPOT ms | e2e ms | e2e error now |")
     print("|---|---|---|---|---|---|")
     workloads = dict.fromkeys((s["prompt"], s["gen"], s.get("parallel", 1), bool(s.get("kv_unified")))

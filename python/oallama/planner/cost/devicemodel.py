@@ -64,10 +64,9 @@ from .calibrate import VERSION as METHOD  # the reference's calibration method: 
 from .measure import time_more_columns
 from .profile import DEFAULT_TOKENS, KnownTimes, Settings, build_info, device_identity
 
-VERSION = 7  # of the device model's terms: part of its cache key; 2: matmuls; 3: at every column count; 4: an unseen
+VERSION = 6  # of the device model's terms: part of its cache key; 2: matmuls; 3: at every column count; 4: an unseen
 # op kind at the median byte-work kind's line (calfit.unseen_op_fit); 5: attention's growth from spans (attnspan.py);
-# 6: those spans part of the reference's calibration, its attention lines fitted to them (calfit.span_lines);
-# 7: the reference's host layouts timed in alternated sweeps (profile.LAYOUTS_VERSION 3)
+# 6: those spans part of the reference's calibration, its attention lines fitted to them (calfit.span_lines)
 REFERENCE = ("llama3-8b", "q4_k_m", 2)  # preset, type, layers of the model the devices are characterised on
 SCHEMA = "oallama.devicemodel/1"
 

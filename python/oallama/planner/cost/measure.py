@@ -55,12 +55,6 @@ def _spread(sizes: list[int], k: int = 6) -> list[int]:
     return sorted(pts | {4 << 20})
 
 
-# a host weight matmul's two layouts are each timed in this many sweeps of its column counts, the layouts
-# alternated (default, other, other, default, default, other), each point the median of its sweeps' medians:
-# one sweep of StarCoder2-7B's repacked 4608x4608 timed its 32 columns 1.5-1.9x slower per column than its own
-# 64-512 and than three later sweeps, and that point set the layout of a third of the model's weights
-# (bench/results/2026-11-29-vm-paired-nodes/experiments/reprofile.txt)
-LAYOUT_SWEEPS = 3
 LONG_US = 50_000.0  # a column count whose first run takes this long (us) is timed 1 warm-up + 3 runs (csrc/profile.cpp)
 
 
@@ -104,43 +98,27 @@ def _time_few(device: str, wtype: str, shape: tuple[int, ...], cols: list[int], 
 
 def _time_layouts(out: dict[str, dict[str, dict[str, Any]]], op: str, wtype: str, shape: tuple[int, ...],
                   cols: list[int], timed: tuple[list[Any], list[dict[str, Any]]],
-                  time_in: Callable[[str | None, bool], tuple[list[Any], list[dict[str, Any]]]],
-                  loaders_own: bool) -> dict[str, dict[str, Any]]:
-    """A host weight matmul (MUL_MAT, or a mixture of experts' MUL_MAT_ID) in both layouts: the
-    default load's (`timed`) and the other -- the plain one when the default is repacked; the
-    repacked one, if the CPU has it for this weight, when the default is plain (no repacking, or a
-    GPU's host memory) -- in LAYOUT_SWEEPS alternated sweeps each, the first of the default's
-    `timed`. Both go to `out` (layout -> op key -> stats: the median of the sweeps' medians,
-    `sweeps_us` each sweep's, the rest the first sweep's). time_in(layout, first): timed with
-    repacking on and no GPU host memory, in that layout ("": the loader's own choice; None: as the
-    default load timed it; first: the first sweep of it, with its extra MUL_MAT_ID timings);
-    loaders_own: the default load was that too, so a plain default means CPU_REPACK has no layout
-    for this weight (nothing to time). Returns the default layout's entries (op key -> stats; empty:
-    nothing timed)."""
+                  time_in: Callable[[str], tuple[list[Any], list[dict[str, Any]]]], loaders_own: bool) -> None:
+    """A host weight matmul (MUL_MAT, or a mixture of experts' MUL_MAT_ID) in the layout its default
+    load did not time: the plain one when the default is repacked; the repacked one, if the CPU has
+    it for this weight, when the default is plain (no repacking, or a GPU's host memory). Both go to
+    `out` (layout -> op key -> stats). time_in(layout): timed with repacking on and no GPU host
+    memory, in that layout ("": the loader's own choice); loaders_own: the default load was that
+    too, so a plain default means CPU_REPACK has no layout for this weight (nothing to time)."""
     default = timed[0][0].buffer_type
-    layouts: dict[str, str | None]
     if default == REPACK:
-        layouts = {REPACK: None, PLAIN: PLAIN}
+        pairs = {REPACK: timed, PLAIN: time_in(PLAIN)}
     elif loaders_own:
-        return {}
+        return
     else:
-        layouts = {PLAIN: None, REPACK: ""}  # the loader's own probe: only a weight CPU_REPACK supports goes there
-    first, other = default, next(lay for lay in layouts if lay != default)
-    sweeps: dict[str, list[tuple[list[Any], list[dict[str, Any]]]]] = {first: [timed], other: []}
-    order = [other] + [lay for k in range(1, LAYOUT_SWEEPS) for lay in ((other, first) if k % 2 else (first, other))]
-    for lay in order:
-        sweeps[lay].append(time_in(layouts[lay], not sweeps[lay]))
-        if lay == REPACK and sweeps[lay][-1][0][0].buffer_type != REPACK:
-            return {}  # the loader kept it plain: CPU_REPACK has no layout for this weight
-    for lay, runs in sweeps.items():
-        res, extra = runs[0]
-        for i, (n, r, x) in enumerate(zip(cols, res, extra, strict=True)):
-            each = [statistics.median(run[0][i].samples_us) for run in runs]
-            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {
-                **op_stats(r.samples_us), "median_us": statistics.median(each), "sweeps_us": each,
-                "buffer_type": r.buffer_type, **x}
-    keys = [Profile.op_key(op, wtype, shape, n) for n in cols]
-    return {k: out[first][k] for k in keys}
+        other = time_in("")  # the loader's own probe: only a weight CPU_REPACK supports may be put there
+        if other[0][0].buffer_type != REPACK:
+            return
+        pairs = {PLAIN: timed, REPACK: other}
+    for lay, (res, extra) in pairs.items():
+        for n, r, x in zip(cols, res, extra, strict=True):
+            out.setdefault(lay, {})[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us),
+                                                                            "buffer_type": r.buffer_type, **x}
 
 
 def _experts_used(inv: Inventory) -> dict[tuple[str, str, tuple[int, ...]], set[int]]:
@@ -223,8 +201,7 @@ def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], col
                     settings: Settings, host_of: str, warmup: int, repeats: int, out: dict[str, dict[str, Any]],
                     layouts: dict[str, dict[str, dict[str, Any]]], few: bool = True) -> None:
     """Time one weight matmul signature (op, weight type, shape) on `d` at `cols` into `out` (op key
-    -> stats) and, on the host, in both layouts into `layouts` (few: `time_op`'s); a host weight
-    timed in both layouts has the same entry for its default layout in both."""
+    -> stats) and, on the host, in both layouts into `layouts` (few: `time_op`'s)."""
     op, wtype, shape = sig
     threads = settings.threads if d.is_host else 1
     try:
@@ -237,20 +214,15 @@ def _time_signature(d: devmod.Device, sig: tuple[str, str, tuple[int, ...]], col
         # its weight stays on the host (schedmodel), as llama.cpp's loader keeps it
         out.update({Profile.op_key(op, wtype, shape, n): {UNSUPPORTED: True} for n in cols})
         return
-    swept: dict[str, dict[str, Any]] = {}  # op key -> the default layout's sweeps, where timed in both
     try:
         if d.is_host:
-            swept = _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
-                          lambda lay, first: (
-                              time_op(d.name, op, wtype, shape, cols, n_used, threads, warmup, repeats, settings.repack,
-                                      host_of, few=False) if lay is None
-                              else time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
-                                           lay, few and first)), settings.repack and not host_of)
+            _time_layouts(layouts, op, wtype, shape, cols, (res, extra),
+                          lambda lay: time_op("CPU", op, wtype, shape, cols, n_used, threads, warmup, repeats, True, "",
+                                              lay, few), settings.repack and not host_of)
     except RuntimeError as e:
         raise ProfileError(str(e)) from None
     for n, r, x in zip(cols, res, extra, strict=True):
-        key = Profile.op_key(op, wtype, shape, n)
-        out[key] = dict(swept[key]) if key in swept else {**op_stats(r.samples_us), "buffer_type": r.buffer_type, **x}
+        out[Profile.op_key(op, wtype, shape, n)] = {**op_stats(r.samples_us), "buffer_type": r.buffer_type, **x}
 
 
 def time_more_columns(prof: Profile, wanted: Mapping[tuple[str, str, tuple[int, ...]], Collection[int]], *,

@@ -49,8 +49,7 @@ SCHEMA = "oallama.profile/2"  # /2: issue_us, compute less launch, calibration
 DEFAULT_TOKENS = (1, 32, 64, 128, 256, 512)
 PLAIN, REPACK, DUAL = HOST_LAYOUT_NAMES  # host weight layouts (ggml buffer types)
 HOST_LAYOUTS = (PLAIN, REPACK)  # timed per host matmul; DUAL runs one or the other (by batch)
-LAYOUTS_VERSION = 3  # how `layouts` is measured (part of the profile key); 2: MUL_MAT_ID too; 3: both layouts in
-# alternated sweeps, each point the median of the sweeps' (measure.LAYOUT_SWEEPS), the default table's too
+LAYOUTS_VERSION = 2  # how `layouts` is measured (part of the profile key); 2: MUL_MAT_ID too
 
 
 def cache_dir() -> Path:
