@@ -18,7 +18,8 @@ import pytest
 
 from oallama.planner import confirm as C
 from oallama.planner.cost.schedmodel import Placement
-from oallama.planner.plan import Workload, build_context, confirmation_table, make_plan
+from oallama.planner.plan import Workload, build_context, make_plan
+from oallama.planner.plancmd import confirmation_table
 from oallama.runtime import rpc
 from oallama.runtime.planfile import ConfirmOptions
 

@@ -21,7 +21,7 @@ from oallama import cli, options
 
 # command -> (module, its options dataclass, the arguments the command requires)
 COMMANDS: dict[str, tuple[str, str, list[str]]] = {
-    "plan": ("oallama.planner.plan", "PlanOptions", ["m.gguf"]),
+    "plan": ("oallama.planner.plancmd", "PlanOptions", ["m.gguf"]),
     "bench": ("oallama.bench.harness", "BenchOptions", ["m.gguf"]),
     "distribute": ("oallama.cluster.distribute", "DistributeOptions", ["m.gguf", "--devices", "d.json"]),
     "profile": ("oallama.planner.cost.measure", "ProfileOptions", ["m.gguf"]),

@@ -18,7 +18,7 @@ _COMMAND_MODULES = [
     "oallama.runtime.devices",
     "oallama.planner.graph",
     "oallama.planner.cost.measure",
-    "oallama.planner.plan",
+    "oallama.planner.plancmd",
     "oallama.runtime.generate",
     "oallama.bench.harness",
     "oallama.runtime.rpc",
