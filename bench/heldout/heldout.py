@@ -83,6 +83,19 @@ PROTOCOLS: dict[int, dict[str, Any]] = {1: PROTOCOL, 2: {**PROTOCOL, "version": 
                          "what": "StarCoder2-7B's shapes, 2 of its 32 layers, Q4_K_M (starcoder2: LayerNorm and "
                                  "biases, a GELU FFN without a gate)"},
 }}}
+# version 3, fixed on 2026-11-29 before anything was fitted to it: whole models at the sizes people run. Versions
+# 1-2 took 2 of a model's layers; no version has scored a whole model's 34-62 layers (cache and memory traffic of a
+# full pass, a 2-layer reference carried to them). One workload (a 4B model's 2048-token prompt takes minutes at one
+# thread here), the CPU alone and one rpc budget.
+PROTOCOLS[3] = {**PROTOCOL, "version": 3, "models": {
+    "gemma3-4b": {"source": "synth", "preset": "gemma3-4b", "qtype": "q4_k_m", "layers": None,
+                  "what": "Gemma-3-4B's shapes, all 34 layers, Q4_K_M (gemma3: sliding-window attention, a tied "
+                          "262144-row embedding)"},
+    "minicpm3-4b": {"source": "synth", "preset": "minicpm3-4b", "qtype": "q4_k_m", "layers": None,
+                    "what": "MiniCPM3-4B's shapes, all 62 layers, Q4_K_M (minicpm3: multi-head latent attention)"},
+}, "workloads": [{"prompt": 512, "gen": 64}],
+    "setups": {**PROTOCOL["setups"], "rpc": {**PROTOCOL["setups"]["rpc"], "budgets": ["50%"]}},
+    "here": ["cpu", "rpc"]}
 OWN = ("layers", "fit", "n-cpu-moe")  # llama.cpp's own placements
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
