@@ -219,6 +219,7 @@ def _repredicted(out: Path, src: Path, name: str, ctx: Any, profile_id: str, con
         pred = ctx.predict(placement_of(plan))
         p["predicted_before"] = p["predicted"]
         p["predicted"] = {m: float(pred[m]) for m in METRICS}
+        p["predicted_passes"] = pred["passes"]  # this cost model's per-pass terms (the plan file has the source's)
     doc.update({"repredicted_from": str(src), "repredict_commit": git_commit(), "calibration": calibration,
                 "profile": profile_id, "context_seconds": context_s})
     (out / "cells").mkdir(parents=True, exist_ok=True)
