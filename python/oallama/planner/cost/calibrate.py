@@ -351,7 +351,9 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
     timed prompt passes' time per token says (its prompt spans in 512-token passes, at 1 thread on this VM:
     a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes:
-    none, and the attention kinds keep their node-by-node lines)."""
+    none, and the attention kinds keep their node-by-node lines, fitted on 32-128-token passes: on the whole
+    MiniCPM3-4B 2.3x what the device model's span-fitted lines give at 512 tokens, which came within 9% of its
+    prompts; bench/results/2026-11-29-vm-heldout-v3)."""
     per_token = defaultdict(float)  # load -> us per token of its n_prefill-token pass
     for s in splits:
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
@@ -362,7 +364,7 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     if not per_token or est > SPANS_S:
         if progress and per_token:
             print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
-                  "costed node by node, less exact at long contexts".ljust(100), file=sys.stderr, flush=True)
+                  "costed node by node, which misses on whole models even at a 512-token prompt".ljust(100), file=sys.stderr, flush=True)
         return attnspan.Timed()
     if progress:
         also = f", prompts also after {attnspan.PROMPT_TAIL}" if tails else ""
