@@ -364,7 +364,7 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     if not per_token or est > SPANS_S:
         if progress and per_token:
             print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
-                  "costed node by node (on the whole MiniCPM3-4B 2.3x its span-fitted cost at 512 tokens)".ljust(100), file=sys.stderr, flush=True)
+                  "costed node by node (on the whole MiniCPM3-4B, 2.3x the device model's cost at 512 tokens)".ljust(100), file=sys.stderr, flush=True)
         return attnspan.Timed()
     if progress:
         also = f", prompts also after {attnspan.PROMPT_TAIL}" if tails else ""
