@@ -26,11 +26,21 @@ def _terms(p: dict[str, Any]) -> dict[str, float]:
     return {t: sum(float(p.get(k, 0.0)) for k in ks) for t, ks in TERMS.items()} | {"total": float(p["total_ms"])}
 
 
-def rows(cell: dict[str, Any]) -> list[str]:
-    """One row per placement and pass kind: measured, then each cost model's error and terms."""
+def _plan_file(cell: dict[str, Any], pl: dict[str, Any], sets: Path) -> Path:
+    """The plan file a placement was loaded from: the path the cell stored, else the same file in the source
+    set in `sets` (a set read from another checkout)."""
+    f = Path(pl["file"])
+    if f.exists():
+        return f
+    return sets / Path(cell["repredicted_from"]).name / "plans" / cell["cell"] / f.name
+
+
+def rows(cell: dict[str, Any], sets: Path) -> list[str]:
+    """One row per placement and pass kind: measured, then each cost model's error and terms (sets: the
+    directory holding the source set)."""
     out = []
     for pl in cell["placements"]:
-        own = json.loads(Path(pl["file"]).read_text())["predicted"]["passes"]
+        own = json.loads(_plan_file(cell, pl, sets).read_text())["predicted"]["passes"]
         new = pl["predicted_passes"]
         prompt = str(max(int(u) for u in own))  # the prompt's ubatch (a held-out prompt is one ubatch)
         for kind, u, metric in (("prompt", prompt, "ttft_ms"), ("decode", "1", "tpot_ms")):
@@ -55,7 +65,7 @@ def main() -> int:
     head = ("| cell | placement | pass | measured ms | own error | own terms | re-predicted error | "
             "re-predicted terms |\n|---|---|---|---|---|---|---|---|")
     text = "\n".join([f"Terms (ms): {' / '.join(TERMS)}; the source's calibration, then "
-                      f"{cells[0].get('calibration', '?')} calibration.", "", head, *(r for c in cells for r in rows(c))])
+                      f"{cells[0].get('calibration', '?')} calibration.", "", head, *(r for c in cells for r in rows(c, a.repredicted.resolve().parent))])
     print(text)
     if a.output:
         a.output.write_text(text + "\n")
