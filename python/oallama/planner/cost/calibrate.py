@@ -124,8 +124,6 @@ WIDE_SECONDS = 3.0  # ... while they have taken less than this, up to 4x the rep
 SPLIT_SECONDS = 0.3  # split-mode runs per timed pass: up to this long, at most 4x the repeats
 ROUTING_TOKENS = 512  # tokens of the pass a mixture of experts' routing is recorded in (at most n_ctx)
 SPANS_S = 60.0  # the attention spans are timed when that takes under this many seconds (`_spans`; a decode tail's too)
-SLICE_LAYERS = 2  # a slice timed for the spans (`_spans`) has at least this many layers where they fit SPANS_S:
-# the spans are summed over layers, a second one halves what one layer's noise puts in (a 1-layer slice otherwise)
 DECODE_MATCH = 1 / 32  # a decode tail timed within this share of a workload's past stands for it (`with_decode_tail`)
 BIG_PREFILL = 4  # the second prompt size: this many times n_prefill, when its passes take under max_fill_s / 2
 
@@ -357,8 +355,8 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     timed prompt passes' time per token says (its prompt spans in 512-token passes, at 1 thread on this VM:
     a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes).
 
-    A model whose spans would take longer has them timed on a slice of its first layers (`slice_layers`, at least
-    SLICE_LAYERS where they fit; written beside the cache and removed after): a layer's attention costs what it costs whatever follows it, and without
+    A model whose spans would take longer has them timed on a slice of its first layers (`slice_layers`, written
+    beside the cache and removed after): a layer's attention costs what it costs whatever follows it, and without
     spans the attention kinds keep their node-by-node lines, fitted on 32-128-token passes: on the whole
     MiniCPM3-4B 2.3x what the device model's span-fitted lines give at 512 tokens, which came within 9% of its
     prompts (bench/results/2026-11-29-vm-heldout-v3). The slice's whole prompt pass is not the model's and is
@@ -372,8 +370,6 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
     est = sum(attnspan.cost_s(us) for us in per_token.values())
     tail = sum(attnspan.tail_cost_s(us) for us in per_token.values())
     keep, n_layer = (0, 0) if est <= SPANS_S else slice_layers(path)
-    if keep and est * max(keep, SLICE_LAYERS) / n_layer <= SPANS_S:
-        keep = max(keep, SLICE_LAYERS)
     keep = keep if keep < n_layer else 0  # 0: the whole model
     share = keep / n_layer if keep else 1.0  # a pass's time per token scales with its layers, about
     est, tail = est * share, tail * share
@@ -405,13 +401,14 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
 
 def slice_layers(path: str | Path) -> tuple[int, int]:
     """(layers, of): the fewest first layers of the model at `path` that hold each kind of attention layer it
-    has (a sliding window's and a full one's: Gemma 3's first full layer is its sixth), and its layer count."""
+    has (a sliding window's and a full one's: Gemma 3's first full layer is its sixth), at least 2, and its
+    layer count."""
     from ...model import gguf_file
 
     n_layer = int(gguf_file.check_model(path).hparam("block_count", 0))
     layers = attention_layers(path)
     firsts = [next((il for il in layers.order if (il in layers.window) == w), None) for w in (False, True)]
-    return min(n_layer, max([0, *(il for il in firsts if il is not None)]) + 1), n_layer
+    return min(n_layer, max([1, *(il for il in firsts if il is not None)]) + 1), n_layer
 
 
 def decode_tail_pasts(cal: Calibration) -> list[int]:
