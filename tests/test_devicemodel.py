@@ -371,29 +371,3 @@ def test_a_calibration_fits_its_attention_lines_to_its_spans_and_the_device_mode
     assert ctx2.profile.calibration is not None
     carried = ctx2.profile.calibration.devices["CPU"].ops
     assert carried[f"{calfit.VEC}:1"] == ops[f"{calfit.VEC}:1"] and carried["SOFT_MAX:1"] == ops["SOFT_MAX:1"]
-
-
-def test_a_model_whose_spans_are_over_budget_has_them_timed_on_its_first_layers(
-        tiny_q8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A calibration whose spans would take over SPANS_S on the whole model times them on a slice of its
-    first layers (two of tiny's four): the same spans, node for node, as the whole model's first two layers,
-    the slice's whole prompt pass dropped (not the model's), and the slice removed afterwards."""
-    from oallama._files import cache_base
-    from oallama.planner.cost import calibrate as calmod
-
-    attention = kvcache.llama_kwargs(False, "f16", "f16")
-    us = 1.5 * calmod.SPANS_S / attnspan.cost_s(1.0)  # a 32-token pass's us per token: 1.5x the budget whole
-    splits = [{"n_tokens": 32, "n_past": 0, "load": "host", "split_us": 32 * us}]
-    timed = calmod._spans(tiny_q8, ["CPU"], splits, threads=1, n_prefill=32, mmap=True, op_offload=True,
-                          attention=attention, progress=False)
-    assert timed.spans and not timed.whole
-    whole = attnspan.measure(tiny_q8, ["CPU"], threads=1, attention=attention, reps=1, tails=False).spans
-    for n in (attnspan.PROMPT_TOKENS, 1):
-        got = [(s["span"], s["nodes"]) for s in timed.spans if s["n_tokens"] == n]
-        assert got == [(s["span"], s["nodes"]) for s in whole if s["n_tokens"] == n and s["span"] < 2]
-    assert not list((cache_base() / "slices").iterdir())
-    # twice the budget even sliced: none timed, nothing loaded
-    monkeypatch.setattr(attnspan, "measure", lambda *a, **k: pytest.fail("measured"))
-    splits = [{**splits[0], "split_us": 4.5 * splits[0]["split_us"]}]
-    assert calmod._spans(tiny_q8, ["CPU"], splits, threads=1, n_prefill=32, mmap=True, op_offload=True,
-                         attention=attention, progress=False) == attnspan.Timed()

@@ -66,7 +66,6 @@ This module measures; the fits are calfit.py's.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -76,9 +75,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ... import _core, _files
+from ... import _core
 from ...errors import OallamaError, ProfileError
-from ...model import gguf_slice
 from ...runtime.kvcache import NO_FLASH_ATTN
 from ..graph import AttentionLayers, attention_layers
 from . import attnspan, outside
@@ -97,7 +95,7 @@ from .realpass import (
 from .rounds import Round, merge_rounds
 from .routing import measure as measure_routing
 
-VERSION = 44  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
+VERSION = 43  # of the method: part of a calibrated profile's cache key (what each version changed: git log,
 # docs/accuracy.md; 32: no pass size's weight matmuls kept at their one-op time, no decode split bounded by a
 # longer cache's: neither improved the held-out error, bench/results/2026-11-26-vm-ablation-sync-context; 33: a
 # whole split timed as the generation loop runs it, reusing the graph (patch 0009, `timed_eval`'s lead pass), and
@@ -115,8 +113,7 @@ VERSION = 44  # of the method: part of a calibrated profile's cache key (what ea
 # the workload's own past, added to a cached calibration per workload, `with_decode_tail`,
 # bench/results/2026-11-28-vm-decode-at-past; 42: the layouts' passes alternated in one dual load,
 # `realpass.measure_layouts`, bench/results/2026-11-29-vm-paired-layouts; 43: a pass node by node in every pair
-# of them, each shape's median kept, bench/results/2026-11-29-vm-paired-nodes; 44: a model whose spans are over
-# SPANS_S has them timed on a slice of its first layers, `_spans`, bench/results/2026-11-29-vm-heldout-v4-sliced)
+# of them, each shape's median kept, bench/results/2026-11-29-vm-paired-nodes)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
@@ -353,62 +350,28 @@ def _spans(path: str | Path, devices: Sequence[str], splits: Sequence[dict[str, 
            mmap: bool, op_offload: bool, attention: Mapping[str, Any], progress: bool) -> attnspan.Timed:
     """The attention spans (attnspan.measure) when measuring them takes under SPANS_S seconds, as the
     timed prompt passes' time per token says (its prompt spans in 512-token passes, at 1 thread on this VM:
-    a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes).
-
-    A model whose spans would take longer has them timed on a slice of its first layers (`slice_layers`, written
-    beside the cache and removed after): a layer's attention costs what it costs whatever follows it, and without
-    spans the attention kinds keep their node-by-node lines, fitted on 32-128-token passes: on the whole
+    a 1-layer 8B shape 32-42 s, a 2-layer StarCoder2-7B shape over 60 s; the whole 8B would take minutes:
+    none, and the attention kinds keep their node-by-node lines, fitted on 32-128-token passes: on the whole
     MiniCPM3-4B 2.3x what the device model's span-fitted lines give at 512 tokens, which came within 9% of its
-    prompts (bench/results/2026-11-29-vm-heldout-v3). The slice's whole prompt pass is not the model's and is
-    dropped (`Timed.whole`: its size's anchor)."""
+    prompts; bench/results/2026-11-29-vm-heldout-v3)."""
     per_token = defaultdict(float)  # load -> us per token of its n_prefill-token pass
     for s in splits:
         if s["n_tokens"] == n_prefill and s["n_past"] == 0:
             per_token[s["load"]] += s["split_us"] / n_prefill
-    if not per_token:
-        return attnspan.Timed()
     est = sum(attnspan.cost_s(us) for us in per_token.values())
     tail = sum(attnspan.tail_cost_s(us) for us in per_token.values())
-    keep, n_layer = (0, 0) if est <= SPANS_S else slice_layers(path)
-    keep = keep if keep < n_layer else 0  # 0: the whole model
-    share = keep / n_layer if keep else 1.0  # a pass's time per token scales with its layers, about
-    est, tail = est * share, tail * share
     tails = est + tail <= SPANS_S  # the prompt tail only where it fits the budget too (QwQ-32B 1L: ~50 s without)
-    if est > SPANS_S:
-        if progress:
+    if not per_token or est > SPANS_S:
+        if progress and per_token:
             print(f"\rcalibrate: attention spans not timed (about {est:.0f} s, over {SPANS_S:.0f} s): attention "
-                  "costed node by node (docs/cost-model.md)".ljust(100), file=sys.stderr, flush=True)
+                  "costed node by node (on the whole MiniCPM3-4B, 2.3x the device model's cost at 512 tokens)".ljust(100), file=sys.stderr, flush=True)
         return attnspan.Timed()
     if progress:
         also = f", prompts also after {attnspan.PROMPT_TAIL}" if tails else ""
-        on = f" on the first {keep} of {n_layer} layers" if keep else ""
-        print(f"\rcalibrate: attention timed{on} after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells"
-              f"{also} (about {est + tail * tails:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
-    if not keep:
-        return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention,
-                                tails=tails)
-    where = _files.cache_base() / "slices"
-    where.mkdir(parents=True, exist_ok=True)
-    sliced = where / f"{Path(path).stem}.{os.getpid()}.{keep}l.gguf"
-    try:
-        gguf_slice.write(path, sliced, keep)
-        timed = attnspan.measure(sliced, devices, threads=threads, mmap=mmap, op_offload=op_offload,
-                                 attention=attention, tails=tails)
-    finally:
-        sliced.unlink(missing_ok=True)
-    return attnspan.Timed(timed.spans, [])
-
-
-def slice_layers(path: str | Path) -> tuple[int, int]:
-    """(layers, of): the fewest first layers of the model at `path` that hold each kind of attention layer it
-    has (a sliding window's and a full one's: Gemma 3's first full layer is its sixth), at least 2, and its
-    layer count."""
-    from ...model import gguf_file
-
-    n_layer = int(gguf_file.check_model(path).hparam("block_count", 0))
-    layers = attention_layers(path)
-    firsts = [next((il for il in layers.order if (il in layers.window) == w), None) for w in (False, True)]
-    return min(n_layer, max([1, *(il for il in firsts if il is not None)]) + 1), n_layer
+        print(f"\rcalibrate: attention timed after {attnspan.SHORT_DECODE_PAST} and {attnspan.LONG_PAST} cells{also} "
+              f"(about {est + tail * tails:.0f} s)".ljust(100), end="", file=sys.stderr, flush=True)
+    return attnspan.measure(path, devices, threads=threads, mmap=mmap, op_offload=op_offload, attention=attention,
+                            tails=tails)
 
 
 def decode_tail_pasts(cal: Calibration) -> list[int]:
