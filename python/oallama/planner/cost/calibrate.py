@@ -113,7 +113,8 @@ VERSION = 43  # of the method: part of a calibrated profile's cache key (what ea
 # the workload's own past, added to a cached calibration per workload, `with_decode_tail`,
 # bench/results/2026-11-28-vm-decode-at-past; 42: the layouts' passes alternated in one dual load,
 # `realpass.measure_layouts`, bench/results/2026-11-29-vm-paired-layouts; 43: a pass node by node in every pair
-# of them, each shape's median kept, bench/results/2026-11-29-vm-paired-nodes)
+# of them, each shape's median kept, bench/results/2026-11-29-vm-paired-nodes; 44, a whole model's spans timed on a
+# slice of its first layers, was tried and removed: held out, TTFT no better, bench/results/2026-11-29-vm-heldout-v4-sliced)
 MAX_ROUNDS = 5  # measurements repeated (each pass's median round kept) while the rounds take under ROUNDS_S seconds
 ROUNDS_S = 40.0
 WIDE_SPREAD = 0.2  # split-mode runs further apart than this (slowest / fastest - 1) get more runs ...
