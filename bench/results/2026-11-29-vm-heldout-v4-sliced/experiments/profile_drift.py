@@ -41,7 +41,7 @@ for r in range(rounds):
     time.sleep(pause)
 
 ref_mid = statistics.median(r for r, _ in rows)
-print(f"\n# per shape: max/min - 1 and (p90 - p10) / median of the raw medians, then scaled by the round's reference")
+print("\n# per shape: max/min - 1 and (p90 - p10) / median of the raw medians, then scaled by the round's reference")
 for i, (k, m) in enumerate(SHAPES):
     raw = [t[i] for _, t in rows]
     scaled = [t[i] * ref_mid / r for r, t in rows]
